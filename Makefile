@@ -1,0 +1,40 @@
+# The two commands of the README:
+#   make run    -- create .venv, install core + plugins, run `python -m astraflow`
+#   make test   -- the same set-up, then lint and the whole test suite
+# Extra arguments: make run ARGS="+raas=vllm steps=20"
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PLUGINS := $(sort $(wildcard plugins/*))
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test install lint bench clean
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]' $(addprefix -e ,$(PLUGINS))
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m astraflow $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs outputs .pytest_cache .ruff_cache

@@ -1,0 +1,45 @@
+"""AstraFlow's own implementations, registered through the same hooks as any plugin."""
+
+from astraflow import hookimpl
+from astraflow.data_algorithms import DynamicSamplingConfig
+from astraflow.tasks.arithmetic import ArithmeticConfig
+from astraflow.workflows.single_turn import SingleTurnConfig
+
+
+@hookimpl
+def astraflow_register_trajectory_filters(register):
+    register(
+        "dynamic_sampling",
+        "astraflow.data_algorithms:DynamicSampling",
+        DynamicSamplingConfig,
+        description="Drop groups whose rewards are all equal.",
+    )
+
+
+@hookimpl
+def astraflow_register_tasks(register):
+    register(
+        "arithmetic",
+        "astraflow.tasks.arithmetic:ArithmeticTasks",
+        ArithmeticConfig,
+        description="Small-integer arithmetic with a held-out split.",
+    )
+
+
+@hookimpl
+def astraflow_register_rewards(register):
+    register(
+        "exact_match",
+        "astraflow.tasks.rewards:ExactMatch",
+        description="1.0 when the completion equals the answer.",
+    )
+
+
+@hookimpl
+def astraflow_register_workflows(register):
+    register(
+        "single_turn",
+        "astraflow.workflows.single_turn:SingleTurnWorkflow",
+        SingleTurnConfig,
+        description="One prompt, one completion per sample.",
+    )

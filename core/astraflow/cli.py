@@ -1,0 +1,102 @@
+"""``astraflow`` / ``python -m astraflow``: run a job, or start one component alone.
+
+``python -m astraflow [OVERRIDES...]`` composes the config and runs the job locally.
+Subcommands: ``plugins``, ``dataflow``, ``raas``, ``train``, ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from astraflow.errors import AstraFlowError
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {}
+
+
+def command(name: str):
+    def deco(fn: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+        COMMANDS[name] = fn
+        return fn
+
+    return deco
+
+
+@command("plugins")
+def cmd_plugins(argv: list[str]) -> int:
+    """List installed plugins, their hooks and what they provide."""
+    parser = argparse.ArgumentParser(prog="astraflow plugins", description=cmd_plugins.__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    from astraflow.plugins import get_registry
+
+    infos = [info.as_dict() for info in get_registry().plugins.values()]
+    if args.json:
+        print(json.dumps(infos, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="AstraFlow plugins")
+    for col in ("plugin", "distribution", "version", "provides", "hooks"):
+        table.add_column(col)
+    for info in infos:
+        provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in info["provides"].items())
+        if "error" in info:
+            provides = f"[red]failed: {info['error']}[/red]"
+        table.add_row(
+            info["name"], info["distribution"], info["version"], provides, "\n".join(info["hooks"])
+        )
+    Console().print(table)
+    return 0
+
+
+@command("run")
+def cmd_run(argv: list[str]) -> int:
+    """Compose the config from OVERRIDES and run the job on this machine."""
+    parser = argparse.ArgumentParser(
+        prog="python -m astraflow",
+        description=cmd_run.__doc__,
+        epilog="Examples: python -m astraflow +raas=vllm +trainer=hf steps=20",
+    )
+    parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. raas=vllm seed=1")
+    args = parser.parse_args(argv)
+    from omegaconf import OmegaConf
+
+    from astraflow.config import compose_config
+
+    cfg = compose_config(args.overrides)
+    if args.cfg:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    from astraflow.launch.local import run
+
+    return run(cfg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print("Commands:", ", ".join(sorted(COMMANDS)))
+        sys.exit(0)
+    name = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
+    try:
+        code = COMMANDS[name](argv)
+    except AstraFlowError as exc:
+        print(f"astraflow: error: {exc}", file=sys.stderr)
+        code = 2
+    except Exception as exc:
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        if not isinstance(exc, HydraException | OmegaConfBaseException):
+            raise
+        print(f"astraflow: config error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,197 @@
+"""Hydra composition: plugins contribute config options, the user's syntax just works.
+
+``python -m astraflow +raas=vllm +trainer=hf`` and ``raas=vllm`` both select an option.
+Groups with a default are kept out of Hydra's primary defaults list and their default
+is appended only when the command line names none, so both spellings mean the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from astraflow.errors import ConfigError, UnknownOptionError
+from astraflow.plugins import GROUP_KINDS, Registry, get_registry, missing_option_message
+
+#: groups whose default is added when the command line names none
+DEFAULT_OPTIONS: dict[str, str] = {
+    "raas": "hf",
+    "trainer": "hf",
+    "workflow": "single_turn",
+    "task": "arithmetic",
+    "launcher": "local",
+}
+#: every config group (conf/ folders and plugin-provided groups)
+GROUPS = ("raas", "trainer", "data", "workflow", "task", "launcher", "experiment")
+
+
+@dataclass
+class PolicyConfig:
+    """Per-policy settings; one trainer and one weight stream per policy."""
+
+    max_staleness: int = 2
+    lr: float | None = None  # overrides trainer.lr for this policy
+
+
+@dataclass
+class ModelConfig:
+    """The model every policy starts from. ``path: null`` builds the tiny local model."""
+
+    path: str | None = None
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 256
+    warmstart_steps: int = 60
+
+
+@dataclass
+class DataflowConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 picks a free port
+    store: str | None = None  # default: <run_dir>/store
+    order: str = "fifo"  # fifo | edf
+    lease_seconds: float = 60.0
+    buffer_capacity: int = 4096
+    heartbeat_timeout: float = 30.0
+
+
+@dataclass
+class AstraFlowConfig:
+    """The root schema: unknown top-level keys are errors."""
+
+    seed: int = 0
+    mode: str = "async"  # async | sync (the trainer-centred baseline)
+    run_dir: str | None = None
+    steps: int = 40
+    batch_size: int = 32
+    group_size: int = 8
+    eval_every: int = 10
+    num_nodes: int = 1
+    policies: dict[str, PolicyConfig] = field(default_factory=lambda: {"policy": PolicyConfig()})
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataflow: DataflowConfig = field(default_factory=DataflowConfig)
+    raas: Any = None
+    trainer: Any = None
+    workflow: Any = None
+    task: Any = None
+    launcher: Any = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def register_configs(registry: Registry) -> None:
+    """Put the root schema and every plugin option into Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="astraflow_schema", node=AstraFlowConfig)
+    for group, kinds in GROUP_KINDS.items():
+        for kind in kinds:
+            for name, entry in registry.entries[kind].items():
+                node = OmegaConf.structured(entry.config_cls) if entry.config_cls else {}
+                node = OmegaConf.merge(node, {"name": name}) if "name" in node else node
+                package = f"{group}.{name}" if group == "data" else group
+                cs.store(
+                    group=group, name=name, node=node, package=package, provider=entry.distribution
+                )
+
+
+_GROUP_RE = re.compile(r"^(?P<prefix>[+~]*)(?P<group>[A-Za-z_]+)(?:@[^=]*)?(?:=(?P<value>.*))?$")
+
+
+def _options(value: str) -> list[str]:
+    value = value.strip()
+    if value.startswith("[") and value.endswith("]"):
+        return [v.strip() for v in value[1:-1].split(",") if v.strip()]
+    return [value] if value else []
+
+
+def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
+    """Accept ``group=x`` and ``+group=x`` alike; add defaults for unnamed groups.
+
+    Options of plugin-backed groups are checked here so a missing plugin gets a message
+    naming the installed options and the ``pip install`` that adds it.
+    """
+    out: list[str] = []
+    named: set[str] = set()
+    for ov in overrides:
+        m = _GROUP_RE.match(ov)
+        if not m or m["group"] not in GROUPS:
+            out.append(ov)
+            continue
+        group, prefix, value = m["group"], m["prefix"], m["value"]
+        named.add(group)
+        if "~" in prefix:
+            out.append(ov)
+            continue
+        if value is None:
+            raise UnknownOptionError(
+                f"{ov!r}: say which option, e.g. {group}={DEFAULT_OPTIONS.get(group, 'NAME')}"
+            )
+        kinds = GROUP_KINDS.get(group)
+        if kinds:
+            available = registry.group_options(group)
+            for option in _options(value):
+                if option not in available:
+                    raise UnknownOptionError(missing_option_message(registry, kinds[0], option))
+        out.append(f"+{group}={value}" if not prefix else ov)
+    for group, default in DEFAULT_OPTIONS.items():
+        if group not in named:
+            out.append(f"+{group}={default}")
+    return out
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the run config from the installed plugins, ``conf/`` and ``overrides``."""
+    registry = get_registry()
+    register_configs(registry)
+    with initialize_config_module(config_module="astraflow.conf", version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=normalise_overrides(overrides or [], registry)
+        )
+    validate(cfg, registry)
+    return cfg
+
+
+def validate(cfg: DictConfig, registry: Registry) -> None:
+    """Reject keys no schema declares, including ones appended with ``+key=value``."""
+    unknown = _unknown_keys(cfg, AstraFlowConfig, "")
+    for group, kinds in GROUP_KINDS.items():
+        node = cfg.get(group)
+        if node is None:
+            continue
+        options = registry.group_options(group)
+        chosen = node.items() if group == "data" else [(node.get("name"), node)]
+        for name, sub in chosen:
+            entry = options.get(name)
+            if entry is None:
+                raise ConfigError(missing_option_message(registry, kinds[0], str(name)))
+            if entry.config_cls is not None:
+                prefix = f"{group}.{name}." if group == "data" else f"{group}."
+                unknown += _unknown_keys(sub, entry.config_cls, prefix)
+    if unknown:
+        raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
+    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
+        return []
+    hints = typing.get_type_hints(schema)
+    out = []
+    for key in node:
+        if key not in hints:
+            out.append(prefix + str(key))
+            continue
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            out += _unknown_keys(node[key], hint, f"{prefix}{key}.")
+        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+            for sub_key, sub in node[key].items():
+                out += _unknown_keys(sub, typing.get_args(hint)[1], f"{prefix}{key}.{sub_key}.")
+    return out

@@ -1,0 +1,20 @@
+"""The behaviour contracts every plugin implements (ABCs)."""
+
+from astraflow.contracts.data import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
+from astraflow.contracts.rollout import RolloutBackend
+from astraflow.contracts.trainer import TrainerBackend
+from astraflow.contracts.workflow import PolicyHandle, Reward, TaskSource, Tokenizer, Workflow
+
+__all__ = [
+    "BatchSampler",
+    "DataAlgorithm",
+    "PolicyHandle",
+    "Reward",
+    "RolloutBackend",
+    "TaskSelector",
+    "TaskSource",
+    "Tokenizer",
+    "TrainerBackend",
+    "TrajectoryFilter",
+    "Workflow",
+]

@@ -1,0 +1,48 @@
+"""The rollout-backend contract: one inference engine inside a RaaS node."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from astraflow.types import Generation, GenerationRequest
+
+
+class RolloutBackend(ABC):
+    """Wraps an engine; the RaaS node runtime owns the lease/run/push/refresh loop.
+
+    Token in, token out: prompts arrive as ids and generations leave as ids with
+    per-token behaviour log-probs, so nothing is re-tokenised between rollout and
+    training. ``generate`` is called concurrently by many workflows; a backend
+    batches concurrent requests itself.
+    """
+
+    def __init__(self, config: Any, model_path: str) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.version = 0
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start the engine with the weights at ``model_path``."""
+
+    @abstractmethod
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        """Return ``request.n`` samples, each with one log-prob per generated token."""
+
+    @abstractmethod
+    async def load_weights(self, path: str, version: int) -> None:
+        """Load the full weights in directory ``path`` (safetensors, HF names) as ``version``.
+
+        Called between ``pause`` and ``resume``; no request is in flight.
+        """
+
+    async def pause(self) -> None:
+        """Stop admitting new generation; return once in-flight requests finished."""
+
+    async def resume(self) -> None:
+        """Admit generation again."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine and every process it started."""

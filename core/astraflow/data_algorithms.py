@@ -1,0 +1,27 @@
+"""Built-in data algorithms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from astraflow.contracts import TrajectoryFilter
+from astraflow.types import Trajectory
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """``data=dynamic_sampling``: drop groups whose rewards are all equal."""
+
+    name: str = "dynamic_sampling"
+    tolerance: float = 0.0
+
+
+class DynamicSampling(TrajectoryFilter):
+    """A group with equal rewards has zero advantage everywhere: no learning signal."""
+
+    def keep(self, group: list[Trajectory]) -> bool:
+        if len(group) < 2:
+            return False
+        tol = self.config.tolerance if self.config is not None else 0.0
+        rewards = [t.reward for t in group]
+        return max(rewards) - min(rewards) > tol

@@ -1,0 +1,1 @@
+"""Launchers: start the data layer, RaaS nodes and trainers."""

@@ -1,0 +1,1 @@
+"""Built-in task sources and reward functions."""

@@ -1,0 +1,55 @@
+"""A small-integer arithmetic task with an exact-match reward and a held-out split."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from astraflow.contracts import TaskSource
+from astraflow.types import Task
+
+
+@dataclass
+class ArithmeticConfig:
+    """``task=arithmetic``: ``a+b=`` / ``a-b=`` problems over operands ``0..max_operand``."""
+
+    name: str = "arithmetic"
+    max_operand: int = 20
+    ops: str = "+-"
+    num_eval: int = 100
+    reward: str = "exact_match"
+    seed: int = 1234
+
+
+class ArithmeticTasks(TaskSource):
+    """Every problem of the space, split once (seeded) into train and held-out eval."""
+
+    def __init__(self, config: ArithmeticConfig | None = None) -> None:
+        super().__init__(config or ArithmeticConfig())
+        cfg = self.config
+        problems = [
+            (a, op, b)
+            for a in range(cfg.max_operand + 1)
+            for b in range(cfg.max_operand + 1)
+            for op in cfg.ops
+        ]
+        rng = random.Random(cfg.seed)
+        rng.shuffle(problems)
+        self._eval = [self._task(p, "eval") for p in problems[: cfg.num_eval]]
+        self._train = [self._task(p, "train") for p in problems[cfg.num_eval :]]
+
+    @staticmethod
+    def _task(problem: tuple[int, str, int], split: str) -> Task:
+        a, op, b = problem
+        answer = a + b if op == "+" else a - b
+        kind = "add" if op == "+" else "sub"
+        return Task(
+            task_id=f"{split}-{a}{op}{b}", prompt=f"{a}{op}{b}=", answer=str(answer), task_type=kind
+        )
+
+    def train_tasks(self) -> Iterator[Task]:
+        return iter(self._train)
+
+    def eval_tasks(self) -> list[Task]:
+        return list(self._eval)

@@ -1,0 +1,13 @@
+"""Reward functions referenced by name from task configs."""
+
+from __future__ import annotations
+
+from astraflow.contracts import Reward
+from astraflow.types import Task
+
+
+class ExactMatch(Reward):
+    """1.0 when the completion, stripped, equals the task's answer."""
+
+    def __call__(self, task: Task, completion: str) -> float:
+        return float(completion.strip() == (task.answer or "").strip())

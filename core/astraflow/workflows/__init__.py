@@ -1,0 +1,1 @@
+"""Built-in agentic workflows and the trajectory builder they share."""

@@ -1,0 +1,25 @@
+"""Rollout backend over Hugging Face transformers (CPU or GPU).
+
+Importing this module is cheap: the implementation is imported only when selected.
+"""
+
+from dataclasses import dataclass
+
+from astraflow import hookimpl
+
+
+@dataclass
+class HFConfig:
+    """Settings of ``raas=hf``."""
+
+    name: str = "hf"
+
+
+@hookimpl
+def astraflow_register_rollout_backends(register):
+    register(
+        "hf",
+        "astraflow_raas_hf.backend:HFRolloutBackend",
+        HFConfig,
+        description="Rollout backend over Hugging Face transformers (CPU or GPU).",
+    )
