@@ -41,7 +41,7 @@ def cmd_plugins(argv: list[str]) -> int:
 
     table = Table(title="AstraFlow plugins")
     for col in ("plugin", "distribution", "version", "provides", "hooks"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for info in infos:
         provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in info["provides"].items())
         if "error" in info:
@@ -49,7 +49,10 @@ def cmd_plugins(argv: list[str]) -> int:
         table.add_row(
             info["name"], info["distribution"], info["version"], provides, "\n".join(info["hooks"])
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(table)
     return 0
 
 

@@ -195,3 +195,16 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
             for sub_key, sub in node[key].items():
                 out += _unknown_keys(sub, typing.get_args(hint)[1], f"{prefix}{key}.{sub_key}.")
     return out
+
+
+def group_options(group: str) -> list[str]:
+    """Every option of ``group``: plugin-provided and file-based."""
+    from importlib import resources
+
+    names: set[str] = set()
+    if group in GROUP_KINDS:
+        names.update(get_registry().group_options(group))
+    folder = resources.files("astraflow.conf") / group
+    if folder.is_dir():
+        names.update(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(names)

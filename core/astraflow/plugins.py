@@ -213,8 +213,11 @@ class AstraFlowPluginManager(pluggy.PluginManager):
         registry.plugins = self.infos
         for kind, (hook_name, _group, _pip) in KINDS.items():
             hook = getattr(self.hook, hook_name)
-            for impl in hook.get_hookimpls():
+            impls = hook.get_hookimpls()
+            for impl in impls:
                 plugin_name = self.get_name(impl.plugin) or "?"
+                others = [i.plugin for i in impls if i.plugin is not impl.plugin]
+                caller = self.subset_hook_caller(hook_name, remove_plugins=others)
                 info = self.infos.setdefault(plugin_name, PluginInfo(plugin_name, "?", "?"))
 
                 def register(
@@ -234,7 +237,7 @@ class AstraFlowPluginManager(pluggy.PluginManager):
                     )
 
                 try:
-                    impl.function(register=register)
+                    caller(register=register)
                 except DuplicateNameError:
                     raise
                 except Exception as exc:

@@ -1,0 +1,63 @@
+"""Config composition: every option of every group, both override spellings, strictness."""
+
+from __future__ import annotations
+
+import pytest
+
+from astraflow.config import GROUPS, compose_config, group_options
+from astraflow.errors import ConfigError, UnknownOptionError
+
+CASES = [(group, option) for group in GROUPS for option in group_options(group)]
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert group_options(group), f"config group {group!r} has no options"
+
+
+@pytest.mark.parametrize(("group", "option"), CASES, ids=[f"{g}={o}" for g, o in CASES])
+def test_every_option_composes(group, option):
+    cfg = compose_config([f"{group}={option}"])
+    if group == "data":
+        assert option in cfg.data
+    elif group == "experiment":
+        assert cfg.raas.name and cfg.trainer.name
+    else:
+        assert cfg[group] is not None
+        if "name" in cfg[group]:
+            assert cfg[group].name == option
+
+
+def test_plus_and_plain_spellings_agree():
+    plus = compose_config(["+raas=vllm", "+trainer=hf"])
+    plain = compose_config(["raas=vllm", "trainer=hf"])
+    assert plus == plain
+    assert plus.raas.name == "vllm"
+
+
+def test_no_override_gives_the_cpu_default():
+    cfg = compose_config([])
+    assert (cfg.raas.name, cfg.trainer.name, cfg.task.name) == ("hf", "hf", "arithmetic")
+
+
+def test_several_data_algorithms_compose():
+    cfg = compose_config(["+data=[dynamic_sampling,greso,replay]"])
+    assert set(cfg.data) == {"dynamic_sampling", "greso", "replay"}
+
+
+def test_option_fields_can_be_overridden():
+    cfg = compose_config(["task.max_operand=9", "workflow.max_new_tokens=3"])
+    assert cfg.task.max_operand == 9 and cfg.workflow.max_new_tokens == 3
+
+
+@pytest.mark.parametrize("override", ["+raas.nonsense=1", "+nonsense=1", "+model.hiden_size=3"])
+def test_unknown_keys_are_errors(override):
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        compose_config([override])
+
+
+def test_unknown_option_names_installed_ones_and_pip_install():
+    with pytest.raises(UnknownOptionError) as err:
+        compose_config(["+raas=tpu_magic"])
+    message = str(err.value)
+    assert "hf" in message and "pip install astraflow-plugin-raas-tpu-magic" in message
