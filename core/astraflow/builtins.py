@@ -4,6 +4,7 @@ from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
 from astraflow.tasks.arithmetic import ArithmeticConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
+from astraflow.workflows.tool_use import ToolUseConfig
 
 
 @hookimpl
@@ -42,4 +43,10 @@ def astraflow_register_workflows(register):
         "astraflow.workflows.single_turn:SingleTurnWorkflow",
         SingleTurnConfig,
         description="One prompt, one completion per sample.",
+    )
+    register(
+        "tool_use",
+        "astraflow.workflows.tool_use:ToolUseWorkflow",
+        ToolUseConfig,
+        description="Multi-turn: the policy may call a calculator tool before answering.",
     )

@@ -13,6 +13,9 @@ class HFConfig:
     """Settings of ``raas=hf``."""
 
     name: str = "hf"
+    dtype: str = "float32"  # float32 | bfloat16
+    max_batch_size: int = 256  # sequences per forward pass (after expanding n)
+    num_threads: int = 1  # torch intra-op threads of this engine
 
 
 @hookimpl

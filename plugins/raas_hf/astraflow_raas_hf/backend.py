@@ -1,7 +1,179 @@
-"""Not implemented yet: selecting this option fails with a clear message."""
+"""Batched generation with transformers, returning per-token behaviour log-probs.
 
-from astraflow.errors import NotAvailableYetError
+Concurrent ``generate`` calls are queued and served together: whatever arrived while a
+batch was running forms the next batch (continuous batching at request granularity).
+All torch work runs on one worker thread, so weight loads never race generation.
+"""
 
-raise NotAvailableYetError(
-    "raas=hf is registered by astraflow-plugin-raas-hf but not available yet (tracked as issue 5)"
-)
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from astraflow.contracts import RolloutBackend
+from astraflow.types import Generation, GenerationRequest
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future = field(repr=False)
+
+
+class HFRolloutBackend(RolloutBackend):
+    def __init__(self, config: Any, model_path: str) -> None:
+        super().__init__(config, model_path)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker: asyncio.Task | None = None
+        self._open = asyncio.Event()
+        self._idle = asyncio.Event()
+        self.model = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.model = await loop.run_in_executor(self._executor, self._load)
+        self._queue = asyncio.Queue()
+        self._open.set()
+        self._idle.set()
+        self._worker = asyncio.create_task(self._serve())
+
+    def _load(self):
+        torch.set_num_threads(self.config.num_threads)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=DTYPES[self.config.dtype], local_files_only=True
+        )
+        return model.eval()
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        if self._queue is None:
+            raise RuntimeError("HFRolloutBackend.generate called before start()")
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(request, future))
+        return await future
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._queue is not None
+        while True:
+            first = await self._queue.get()
+            await self._open.wait()
+            batch = [first]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            self._idle.clear()
+            try:
+                results = await loop.run_in_executor(
+                    self._executor, self._generate_batch, [p.request for p in batch]
+                )
+                for pending, result in zip(batch, results, strict=True):
+                    if not pending.future.done():
+                        pending.future.set_result(result)
+            except Exception as exc:  # a failed batch fails its callers, not the engine
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+            finally:
+                self._idle.set()
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, req in enumerate(requests):
+            groups[(req.temperature, req.top_p, tuple(req.stop_token_ids))].append(i)
+        out: list[list[Generation]] = [[] for _ in requests]
+        limit = max(1, self.config.max_batch_size)
+        for indices in groups.values():
+            rows = [(i, k) for i in indices for k in range(requests[i].n)]
+            for start in range(0, len(rows), limit):
+                chunk = rows[start : start + limit]
+                gens = self._generate_rows([requests[i] for i, _ in chunk])
+                for (i, _), gen in zip(chunk, gens, strict=True):
+                    out[i].append(gen)
+        return out
+
+    @torch.inference_mode()
+    def _generate_rows(self, rows: list[GenerationRequest]) -> list[Generation]:
+        model = self.model
+        first = rows[0]
+        if first.seed is not None:
+            torch.manual_seed(first.seed)
+        pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, req in enumerate(rows):  # left padding keeps the new tokens aligned
+            input_ids[row, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
+            attention[row, width - len(req.prompt_ids) :] = 1
+        greedy = first.temperature <= 0
+        stop = list(first.stop_token_ids)
+        generated = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=not greedy,
+            temperature=None if greedy else first.temperature,
+            top_p=None if greedy else first.top_p,
+            top_k=None,
+            max_new_tokens=max(r.max_new_tokens for r in rows),
+            eos_token_id=stop or None,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new_tokens = generated.sequences[:, width:]
+        logits = torch.stack(generated.logits, dim=1).float()
+        if not greedy:
+            logits = logits / first.temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        out = []
+        for row, req in enumerate(rows):
+            ids = new_tokens[row].tolist()[: req.max_new_tokens]
+            reason = "length"
+            for pos, tok in enumerate(ids):
+                if tok in stop:
+                    ids, reason = ids[: pos + 1], "stop"
+                    break
+            out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, self.version))
+        return out
+
+    async def load_weights(self, path: str, version: int) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load_weights, path)
+        self.version = version
+
+    def _load_weights(self, path: str) -> None:
+        file = path if path.endswith(".safetensors") else os.path.join(path, "model.safetensors")
+        state = load_file(file)
+        dtype = next(self.model.parameters()).dtype
+        missing, unexpected = self.model.load_state_dict(
+            {k: v.to(dtype) for k, v in state.items()}, strict=False
+        )
+        if unexpected or missing:
+            raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+
+    async def pause(self) -> None:
+        self._open.clear()
+        await self._idle.wait()
+
+    async def resume(self) -> None:
+        self._open.set()
+
+    async def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._executor.shutdown(wait=True)
+        self.model = None

@@ -1,0 +1,156 @@
+"""The shared contract suite every rollout backend passes.
+
+Subclass it in the plugin's tests::
+
+    class TestHFRollout(RolloutBackendContract):
+        backend_name = "hf"
+
+The engine is started once per class (engines can take seconds to start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from astraflow.plugins import get_registry
+from astraflow.testing.engine import LoopThread
+from astraflow.types import GenerationRequest
+
+
+def prompt_ids(model_dir: str, text: str) -> list[int]:
+    from astraflow.models.tiny import load_tokenizer
+
+    return load_tokenizer(model_dir).encode(text)
+
+
+def perturbed_copy(model_dir: str, out_dir: Path, scale: float = 0.5) -> Path:
+    """A full weight directory with every tensor shifted: outputs must change."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(os.path.join(model_dir, "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    noisy = {k: (v.float() + scale * torch.randn(v.shape, generator=gen)).to(v.dtype)
+             for k, v in state.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(noisy, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
+def _children() -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True,
+                         text=True, check=False).stdout.split()
+    return {int(p) for p in out}
+
+
+class RolloutBackendContract:
+    backend_name: str = ""
+
+    @pytest.fixture(scope="class")
+    def backend_config(self) -> Any:
+        entry = get_registry().get("rollout_backend", self.backend_name)
+        return OmegaConf.structured(entry.config_cls) if entry.config_cls else None
+
+    @pytest.fixture(scope="class")
+    def engine(self, backend_config, tiny_model_dir):
+        children_before = _children()
+        entry = get_registry().get("rollout_backend", self.backend_name)
+        backend = entry.create(backend_config, tiny_model_dir)
+        loop = LoopThread()
+        loop.run(backend.start())
+        yield loop, backend
+        loop.run(backend.shutdown())
+        loop.close()
+        assert _children() <= children_before, "the engine left child processes behind"
+
+    def _req(self, model_dir: str, text: str = "12+7=", **kw) -> GenerationRequest:
+        kw.setdefault("max_new_tokens", 6)
+        return GenerationRequest(prompt_ids=prompt_ids(model_dir, text), **kw)
+
+    def test_generates_n_samples_with_a_logprob_per_token(self, engine, tiny_model_dir):
+        loop, backend = engine
+        gens = loop.run(backend.generate(self._req(tiny_model_dir, n=5, max_new_tokens=7)))
+        assert len(gens) == 5
+        for gen in gens:
+            assert 1 <= len(gen.token_ids) <= 7
+            assert len(gen.logprobs) == len(gen.token_ids)
+            assert all(lp <= 1e-4 for lp in gen.logprobs)
+            assert gen.finish_reason in ("stop", "length")
+            assert gen.version == backend.version
+
+    def test_generation_ends_at_a_stop_token(self, engine, tiny_model_dir):
+        loop, backend = engine
+        from astraflow.models.tiny import load_tokenizer
+
+        tok = load_tokenizer(tiny_model_dir)
+        stops = [tok.encode(c)[0] for c in "0123456789"]
+        gens = loop.run(backend.generate(self._req(tiny_model_dir, n=8, max_new_tokens=12,
+                                                   stop_token_ids=stops)))
+        for gen in gens:
+            hits = [i for i, t in enumerate(gen.token_ids) if t in stops]
+            if gen.finish_reason == "stop":
+                assert hits == [len(gen.token_ids) - 1]
+            else:
+                assert not hits and len(gen.token_ids) == 12
+
+    def test_concurrent_requests_are_all_served(self, engine, tiny_model_dir):
+        loop, backend = engine
+
+        async def many():
+            reqs = [self._req(tiny_model_dir, f"{i}+{i}=", n=1 + i % 3) for i in range(12)]
+            return await asyncio.gather(*(backend.generate(r) for r in reqs))
+
+        results = loop.run(many())
+        assert [len(r) for r in results] == [1 + i % 3 for i in range(12)]
+
+    def test_greedy_is_deterministic(self, engine, tiny_model_dir):
+        loop, backend = engine
+        req = self._req(tiny_model_dir, "3-9=", temperature=0.0)
+        a = loop.run(backend.generate(req))[0]
+        b = loop.run(backend.generate(req))[0]
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+    def test_load_weights_changes_outputs_and_version(self, engine, tiny_model_dir, tmp_path):
+        loop, backend = engine
+        req = self._req(tiny_model_dir, "20-13=", temperature=0.0, max_new_tokens=8)
+        before = loop.run(backend.generate(req))[0]
+        noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy")
+        original = Path(tiny_model_dir)
+
+        async def reload(path, version):
+            await backend.pause()
+            await backend.load_weights(str(path), version)
+            await backend.resume()
+
+        loop.run(reload(noisy, backend.version + 1))
+        after = loop.run(backend.generate(req))[0]
+        assert after.version == before.version + 1
+        assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
+        loop.run(reload(original, backend.version + 1))
+        again = loop.run(backend.generate(req))[0]
+        assert again.token_ids == before.token_ids
+        assert again.logprobs == pytest.approx(before.logprobs, abs=1e-3)
+
+    def test_pause_holds_new_generation_until_resume(self, engine, tiny_model_dir):
+        loop, backend = engine
+
+        async def scenario():
+            await backend.pause()
+            task = asyncio.ensure_future(backend.generate(self._req(tiny_model_dir)))
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            held = not done
+            await backend.resume()
+            gens = await asyncio.wait_for(task, timeout=120)
+            return held, gens
+
+        held, gens = loop.run(scenario())
+        assert held, "a request completed while the engine was paused"
+        assert len(gens) == 1
