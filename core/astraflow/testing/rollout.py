@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +44,32 @@ def perturbed_copy(model_dir: str, out_dir: Path, scale: float = 0.5) -> Path:
 
 
 def _children() -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True,
-                         text=True, check=False).stdout.split()
-    return {int(p) for p in out}
+    """Live child processes of this process (read from /proc: no helper process)."""
+    me, out = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
 
 
 class RolloutBackendContract:
     backend_name: str = ""
 
     @pytest.fixture(scope="class")
-    def backend_config(self) -> Any:
-        entry = get_registry().get("rollout_backend", self.backend_name)
+    @classmethod
+    def backend_config(cls) -> Any:
+        entry = get_registry().get("rollout_backend", cls.backend_name)
         return OmegaConf.structured(entry.config_cls) if entry.config_cls else None
 
     @pytest.fixture(scope="class")
-    def engine(self, backend_config, tiny_model_dir):
+    @classmethod
+    def engine(cls, backend_config, tiny_model_dir):
         children_before = _children()
-        entry = get_registry().get("rollout_backend", self.backend_name)
+        entry = get_registry().get("rollout_backend", cls.backend_name)
         backend = entry.create(backend_config, tiny_model_dir)
         loop = LoopThread()
         loop.run(backend.start())
