@@ -1,7 +1,7 @@
 """A multi-turn workflow: the policy may call a calculator before answering.
 
 Protocol: the model writes ``calc(EXPR)``; generation stops at ``)``; the workflow
-appends the tool's answer as ``=RESULT;`` (tool tokens, loss-masked) and the model
+appends the tool's answer as ``=RESULT,`` (tool tokens, loss-masked) and the model
 continues. The text generated after the last tool output is the final answer.
 """
 
@@ -60,7 +60,7 @@ class ToolUseWorkflow(Workflow):
                 answer = text
                 break
             calls += 1
-            builder.add_context(tok.encode(f"={calculator(call.group(1))};"), source=TOOL)
+            builder.add_context(tok.encode(f"={calculator(call.group(1))},"), source=TOOL)
         reward = self.reward(task, answer)
         return builder.build(role, reward, {"task_type": task.task_type, "tool_calls": calls,
                                             "sample": index})
