@@ -80,6 +80,14 @@ def cmd_run(argv: list[str]) -> int:
     return run(cfg)
 
 
+@command("dataflow")
+def cmd_dataflow(argv: list[str]) -> int:
+    """Start the data layer service alone."""
+    from astraflow.dataflow.cli import main as dataflow_main
+
+    return dataflow_main(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):

@@ -1,0 +1,73 @@
+"""``astraflow dataflow``: start the data layer alone (token from $ASTRAFLOW_TOKEN)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from astraflow.dataflow.settings import ORDERS, DataflowSettings, settings_from_yaml
+from astraflow.errors import ConfigError
+from astraflow.security import TOKEN_ENV, resolve_token
+
+
+def _policy(text: str) -> tuple[str, int]:
+    name, _, staleness = text.partition("=")
+    if not name or not staleness.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=MAX_STALENESS, got {text!r}")
+    return name, int(staleness)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="astraflow dataflow",
+        description="Start the data layer (task leasing, trajectory buffers, batches). "
+        f"Clients authenticate with the bearer token in ${TOKEN_ENV}.",
+        epilog="The bound URL is printed and written to STORE/url (use --port 0 for a free port).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--store", help="store directory (SQLite database, url file)")
+    parser.add_argument("--config", help="a resolved run config (YAML) to take settings from")
+    parser.add_argument("--policy", action="append", type=_policy, metavar="NAME=STALENESS",
+                        help="a policy and its max_staleness (repeatable; default policy=2)")
+    parser.add_argument("--task", help="task source option (e.g. arithmetic); default: HTTP only")
+    parser.add_argument("--group-size", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--order", choices=ORDERS)
+    parser.add_argument("--lease-seconds", type=float)
+    parser.add_argument("--buffer-capacity", type=int)
+    parser.add_argument("--heartbeat-timeout", type=float)
+    parser.add_argument("--max-body-bytes", type=int)
+    args = parser.parse_args(argv)
+
+    if args.config:
+        settings = settings_from_yaml(args.config, store=args.store)
+    elif args.store:
+        settings = DataflowSettings(store=args.store)
+    else:
+        raise ConfigError("astraflow dataflow needs --store DIR or --config resolved.yaml")
+    overrides = {
+        "group_size": args.group_size,
+        "batch_size": args.batch_size,
+        "order": args.order,
+        "lease_seconds": args.lease_seconds,
+        "buffer_capacity": args.buffer_capacity,
+        "heartbeat_timeout": args.heartbeat_timeout,
+        "max_body_bytes": args.max_body_bytes,
+        "policies": dict(args.policy) if args.policy else None,
+        "task": {"name": args.task} if args.task else None,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(settings, key, value)
+    settings.__post_init__()
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        token = resolve_token()
+        print(f"astraflow dataflow: ${TOKEN_ENV} is not set; clients must use token {token}",
+              file=sys.stderr)
+    from astraflow.dataflow.server import serve
+
+    serve(settings, args.host, args.port, token)
+    return 0

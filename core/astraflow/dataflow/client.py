@@ -1,0 +1,283 @@
+"""Clients of the data layer: :class:`DataflowClient` (sync, trainers) and
+:class:`AsyncDataflowClient` (asyncio, RaaS nodes).
+
+Both speak msgpack and retry connection errors, 429 and 5xx with exponential backoff
+(for up to ``retry_for`` seconds), so a node or trainer rides through a data-layer
+restart by itself. Retrying is safe because every call is idempotent on the server:
+a resubmitted task answers "duplicate", a re-asked batch is the same batch, a
+repeated ack or version announcement changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+import msgpack
+
+from astraflow.dataflow.wire import (
+    MSGPACK,
+    Lease,
+    batch_from_wire,
+    pack_trajectory,
+)
+from astraflow.types import Task, Trajectory
+
+
+class DataflowError(Exception):
+    """The data layer refused a request; ``detail`` says why."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class _Call:
+    method: str
+    path: str
+    body: Any = None
+    timeout: float | None = None
+    parse: Callable[[Any], Any] = lambda data: data
+    #: issued once if the call answers 404 (e.g. re-register a retired node), then retried
+    recover: _Call | None = None
+
+
+def _retryable(status: int) -> bool:
+    return status == 429 or status >= 500
+
+
+def _backoff(attempt: int) -> float:
+    return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
+
+
+class _Api:
+    """The calls, described once; subclasses decide how to send them."""
+
+    def __init__(self, url: str, token: str, timeout: float, retry_for: float) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": MSGPACK}
+        self.node_id: str | None = None
+        self.backpressure: dict[str, str] = {}
+        self._registration: dict[str, Any] | None = None
+
+    def _do(self, call: _Call) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _decode(resp: httpx.Response) -> Any:
+        if resp.status_code == 204:
+            return None
+        if MSGPACK in resp.headers.get("content-type", ""):
+            return msgpack.unpackb(resp.content)
+        return resp.json() if resp.content else None
+
+    @classmethod
+    def _error(cls, resp: httpx.Response) -> DataflowError:
+        try:
+            detail = cls._decode(resp)["detail"]
+        except Exception:
+            detail = resp.text[:500]
+        return DataflowError(resp.status_code, str(detail))
+
+    def _content(self, call: _Call) -> dict[str, Any]:
+        if call.body is None:
+            return {}
+        return {"content": msgpack.packb(call.body), "headers": {"Content-Type": MSGPACK}}
+
+    def _node(self, node_id: str | None) -> str:
+        node = node_id or self.node_id
+        if node is None:
+            raise ValueError("register first, or pass node_id")
+        return node
+
+    # ---- nodes -----------------------------------------------------------------------
+
+    def register(self, kind: str, *, pool: str = "default", region: str = "local",
+                 policies: Sequence[str] = (), capacity: int = 1,
+                 node_id: str | None = None) -> Any:
+        """Register a ``"raas"`` node or a ``"trainer"``; returns its node id.
+
+        The id is chosen here (unless given) so a retried registration is the same node.
+        """
+        node_id = node_id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        body = {"kind": kind, "node_id": node_id,
+                "labels": {"pool": pool, "region": region, "policies": list(policies),
+                           "capacity": capacity}}
+        self._registration = body
+
+        def remember(data: dict[str, Any]) -> str:
+            self.node_id = data["node_id"]
+            return self.node_id
+
+        return self._do(_Call("POST", "/v1/nodes", body, parse=remember))
+
+    def heartbeat(self, node_id: str | None = None) -> Any:
+        """Keep the node alive; a node retired meanwhile registers again by itself."""
+        node = self._node(node_id)
+        recover = None
+        if self._registration is not None and self._registration["node_id"] == node:
+            recover = _Call("POST", "/v1/nodes", self._registration)
+        return self._do(_Call("POST", f"/v1/nodes/{node}/heartbeat", recover=recover))
+
+    def leave(self, node_id: str | None = None) -> Any:
+        """Leave cleanly; leases still held are re-issued to other nodes."""
+        return self._do(_Call("DELETE", f"/v1/nodes/{self._node(node_id)}"))
+
+    # ---- tasks and trajectories ------------------------------------------------------
+
+    def lease_tasks(self, node_id: str | None = None, max_tasks: int = 1, wait: float = 0.0,
+                    versions: dict[str, int] | None = None) -> Any:
+        """Up to ``max_tasks`` leases (list of :class:`Lease`), waiting up to ``wait`` s.
+
+        An empty list means backpressure or no work: ``self.backpressure`` says which.
+        ``versions`` are the weight versions the node holds (default: the latest).
+        """
+        body = {"node_id": self._node(node_id), "max_tasks": max_tasks, "wait": wait,
+                "versions": versions or {}}
+
+        def leases(data: dict[str, Any]) -> list[Lease]:
+            self.backpressure = data.get("backpressure", {})
+            return [Lease.from_wire(x) for x in data["leases"]]
+
+        return self._do(_Call("POST", "/v1/leases", body, timeout=wait + self.timeout,
+                              parse=leases))
+
+    def submit(self, lease: Lease | str, trajectories: Sequence[Trajectory],
+               node_id: str | None = None) -> Any:
+        """Submit all trajectories of a leased task; ``status`` is accepted or duplicate."""
+        body = {"lease_id": lease if isinstance(lease, str) else lease.lease_id,
+                "node_id": node_id or self.node_id,
+                "trajectories": [pack_trajectory(t) for t in trajectories]}
+        return self._do(_Call("POST", "/v1/trajectories", body))
+
+    def post_tasks(self, tasks: Sequence[Task]) -> Any:
+        """Queue extra tasks (idempotent by task id)."""
+        return self._do(_Call("POST", "/v1/tasks", {"tasks": [asdict(t) for t in tasks]}))
+
+    # ---- batches and versions --------------------------------------------------------
+
+    def get_batch(self, policy: str, n: int, timeout: float = 30.0,
+                  trainer_id: str = "trainer") -> Any:
+        """A :class:`Batch` of ``n`` for ``policy``, or None after ``timeout`` s.
+
+        Keep ``trainer_id`` stable across restarts: an unacknowledged batch is served
+        again to the same trainer id.
+        """
+        body = {"policy": policy, "n": n, "timeout": timeout, "trainer_id": trainer_id}
+        return self._do(_Call("POST", "/v1/batches", body, timeout=timeout + self.timeout,
+                              parse=lambda d: None if d is None else batch_from_wire(d)))
+
+    def ack_batch(self, batch_id: str, wait_seconds: float = 0.0,
+                  step_seconds: float = 0.0) -> Any:
+        """Acknowledge after the train step; ``step_seconds`` includes ``wait_seconds``."""
+        body = {"wait_seconds": wait_seconds, "step_seconds": step_seconds}
+        return self._do(_Call("POST", f"/v1/batches/{batch_id}/ack", body))
+
+    def announce_version(self, policy: str, version: int) -> Any:
+        return self._do(_Call("POST", "/v1/versions", {"policy": policy, "version": version}))
+
+    def versions(self) -> Any:
+        return self._do(_Call("GET", "/v1/versions"))
+
+    def status(self) -> Any:
+        return self._do(_Call("GET", "/v1/status"))
+
+    def autoscale(self) -> Any:
+        return self._do(_Call("GET", "/v1/autoscale"))
+
+    def health(self) -> Any:
+        return self._do(_Call("GET", "/v1/health"))
+
+
+class DataflowClient(_Api):
+    """Blocking client (trainers, scripts). Every method returns its result directly."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0,
+                 retry_for: float = 300.0) -> None:
+        super().__init__(url, token, timeout, retry_for)
+        self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+
+    def _do(self, call: _Call) -> Any:
+        give_up = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                resp = self._http.request(call.method, call.path, timeout=call.timeout or
+                                          self.timeout, **self._content(call))
+            except httpx.TransportError as exc:
+                error: Exception = exc
+            else:
+                if resp.status_code == 404 and call.recover is not None:
+                    self._do(call.recover)
+                    call.recover = None
+                    continue
+                if not _retryable(resp.status_code):
+                    if resp.status_code >= 400:
+                        raise self._error(resp)
+                    return call.parse(self._decode(resp))
+                error = self._error(resp)
+            if time.monotonic() > give_up:
+                raise error
+            time.sleep(_backoff(attempt))
+            attempt += 1
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> DataflowClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncDataflowClient(_Api):
+    """asyncio client (RaaS nodes): the same methods as :class:`DataflowClient`, awaited."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0,
+                 retry_for: float = 300.0) -> None:
+        super().__init__(url, token, timeout, retry_for)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
+
+    async def _do(self, call: _Call) -> Any:
+        give_up = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                resp = await self._http.request(call.method, call.path, timeout=call.timeout or
+                                                self.timeout, **self._content(call))
+            except httpx.TransportError as exc:
+                error: Exception = exc
+            else:
+                if resp.status_code == 404 and call.recover is not None:
+                    await self._do(call.recover)
+                    call.recover = None
+                    continue
+                if not _retryable(resp.status_code):
+                    if resp.status_code >= 400:
+                        raise self._error(resp)
+                    return call.parse(self._decode(resp))
+                error = self._error(resp)
+            if time.monotonic() > give_up:
+                raise error
+            await asyncio.sleep(_backoff(attempt))
+            attempt += 1
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncDataflowClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

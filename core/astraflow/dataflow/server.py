@@ -1,0 +1,122 @@
+"""Running the data layer: in the foreground (CLI, launcher) or on a background thread.
+
+The socket is bound before the app starts so that port 0 can pick a free port and the
+real URL can be published, on stdout and in ``<store>/url``, for a launcher to read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from astraflow.dataflow.app import create_app
+from astraflow.dataflow.service import DataflowService
+from astraflow.dataflow.settings import DataflowSettings
+
+URL_FILE = "url"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _write_url(store: Path, url: str) -> None:
+    """Atomically, so a reader never sees half a URL."""
+    tmp = store / f".{URL_FILE}.{os.getpid()}"
+    tmp.write_text(url + "\n")
+    tmp.replace(store / URL_FILE)
+
+
+def _server(app: FastAPI) -> uvicorn.Server:
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_keep_alive=75, timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
+
+
+def serve(settings: DataflowSettings, host: str, port: int, token: str) -> None:
+    """Serve until SIGINT/SIGTERM; prints ``astraflow dataflow listening on URL``."""
+    sock = _bind(host, port)
+    url = _url(host, sock)
+    server = _server(create_app(settings, token))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            _write_url(settings.store_path, url)
+            print(f"astraflow dataflow listening on {url}", flush=True)
+        await task
+
+    asyncio.run(main())
+    if not server.started:
+        sys.exit(1)
+
+
+class BackgroundServer:
+    """The data layer on a thread of this process (tests, an in-process launcher).
+
+    >>> with BackgroundServer(settings, token) as srv:
+    ...     DataflowClient(srv.url, token).status()
+    """
+
+    def __init__(self, settings: DataflowSettings, token: str, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.settings = settings
+        self.app = create_app(settings, token)
+        self._sock = _bind(host, port)
+        self.url = _url(host, self._sock)
+        self._server = _server(self.app)
+        self._thread = threading.Thread(target=self._run, name="dataflow-server", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def service(self) -> DataflowService:
+        return self.app.state.service
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        give_up = time.monotonic() + timeout
+        while not self._server.started:
+            if self._error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"dataflow server failed to start: {self._error}")
+            if time.monotonic() > give_up:
+                raise TimeoutError("dataflow server did not start in time")
+            time.sleep(0.01)
+        _write_url(self.settings.store_path, self.url)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1025 @@
+"""The data layer's state: task ledger, leases, per-policy buffers, batches, versions.
+
+State is held in memory for speed and mirrored in the store. Handlers run on the
+event-loop thread, so a check and the reservation that follows it (a task marked
+done, items taken for a batch) cannot interleave with another request. Each change
+is then written by the store's writer, and a request is acknowledged only after the
+commit: what a client was told survives a SIGKILL, and what it was not told can be
+retried safely because every mutating call is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import json
+import logging
+import sqlite3
+import time
+import uuid
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from astraflow.contracts import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
+from astraflow.dataflow.autoscale import AutoscaleWindow
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.store import CONSUMED, FRESH, SERVED, Store
+from astraflow.dataflow.wire import (
+    CheckedTrajectory,
+    LeaseIn,
+    RegisterIn,
+    SubmitIn,
+    TasksIn,
+    check_trajectory,
+    unpack_trajectory,
+)
+from astraflow.errors import ConfigError
+from astraflow.plugins import get_registry, missing_option_message
+from astraflow.rl.advantages import group_advantages
+from astraflow.types import Task, Trajectory
+
+log = logging.getLogger("astraflow.dataflow")
+STORE_ERRORS = (OSError, sqlite3.Error)
+
+
+class ServiceError(Exception):
+    """A request the service refuses; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class NodeRec:
+    node_id: str
+    kind: str
+    labels: dict[str, Any]
+    state: str  # active | retired | left
+    registered_at: float
+    last_seen: float  # monotonic
+
+
+@dataclass
+class TaskRec:
+    task_id: str
+    task: dict[str, Any]  # the Task as issued (task_id is the ledger id)
+    state: str  # pending | leased | done
+    attempt: int
+    node_id: str | None
+    deadline: float | None  # unix time
+    seq: int
+
+
+@dataclass(slots=True)
+class ItemRec:
+    id: int
+    policy: str
+    task_id: str
+    group_id: str
+    min_version: int
+
+
+@dataclass
+class BatchRec:
+    batch_id: str
+    policy: str
+    trainer_id: str
+    items: list[int]
+    replay: list[int]
+    trainer_version: int
+    created_at: float
+
+
+def _typed_config(config_cls: type | None, conf: Any) -> Any:
+    """An option's config as its registered dataclass (unknown keys are errors)."""
+    if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        return conf
+    if conf is None:
+        return config_cls()
+    if isinstance(conf, dict):
+        try:
+            return config_cls(**conf)
+        except TypeError as exc:
+            raise ConfigError(f"{config_cls.__name__}: {exc}") from None
+    return conf
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _upsert_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
+    conn.executemany(
+        "INSERT INTO counters(name, value) VALUES (?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+        [(k, v) for k, v in deltas.items() if v],
+    )
+
+
+class DataflowService:
+    """Everything the HTTP routes do, independent of HTTP."""
+
+    def __init__(self, settings: DataflowSettings) -> None:
+        self.settings = settings
+        self.policies = dict(settings.policies)
+        registry = get_registry()
+        self.source = None
+        if settings.task:
+            entry = registry.get("task", settings.task["name"])
+            self.source = entry.create(_typed_config(entry.config_cls, settings.task))
+        self.algorithms: dict[str, DataAlgorithm] = {}
+        options = registry.group_options("data")
+        for name, conf in (settings.data or {}).items():
+            entry = options.get(name)
+            if entry is None:
+                raise ConfigError(missing_option_message(registry, "trajectory_filter", name))
+            self.algorithms[name] = entry.create(_typed_config(entry.config_cls, conf))
+        algos = self.algorithms.values()
+        self.selectors = [a for a in algos if isinstance(a, TaskSelector)]
+        self.filters = [a for a in algos if isinstance(a, TrajectoryFilter)]
+        samplers = [a for a in algos if isinstance(a, BatchSampler)]
+        if len(samplers) > 1:
+            raise ConfigError("at most one batch sampler can serve batches; got several")
+        self.sampler: BatchSampler | None = samplers[0] if samplers else None
+
+        self.store = Store(settings.store_path, settings.synchronous)
+        self.counters: Counter = Counter()
+        self.versions = dict.fromkeys(self.policies, 0)
+        self.nodes: dict[str, NodeRec] = {}
+        self.tasks: dict[str, TaskRec] = {}  # not yet done
+        self.done: set[str] = set()
+        self.ready: deque[str] = deque()  # pending task ids, re-issues first
+        self.expiry: list[tuple[float, str, int]] = []
+        self.fresh: dict[str, dict[int, ItemRec]] = {p: {} for p in self.policies}
+        self.replayable: dict[str, OrderedDict[int, ItemRec]] = {
+            p: OrderedDict() for p in self.policies
+        }
+        self.outstanding: dict[tuple[str, str], BatchRec] = {}
+        self.batches: dict[str, BatchRec] = {}
+        self.acked: set[str] = set()
+        self.next_item = 1
+        self.next_seq = 1
+        self.epoch = 0
+        self.index = 0
+        self._source_iter: Iterator[Task] | None = None
+        self._plugin_saved: dict[str, str] = {}
+        self.autoscale = AutoscaleWindow(settings.autoscale_window)
+        self.started_at = time.time()
+        self._load()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._arrival: dict[str, asyncio.Event] = {}
+        self._changed: asyncio.Event | None = None
+        self._reaper: asyncio.Task | None = None
+        self._policy_locks: dict[str, asyncio.Lock] = {}
+
+    # ---- life cycle ------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Rebuild the in-memory state from the store (after a restart, a crash too)."""
+        conn = self.store.conn
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        cursor = json.loads(meta.get("cursor", '{"epoch": 0, "index": 0}'))
+        self.epoch, self.index = cursor["epoch"], cursor["index"]
+        self.counters.update(dict(conn.execute("SELECT name, value FROM counters")))
+        for policy, version in conn.execute("SELECT policy, version FROM versions"):
+            if policy in self.versions:
+                self.versions[policy] = version
+        now = time.monotonic()
+        for node_id, kind, labels, state, registered_at in conn.execute(
+            "SELECT node_id, kind, labels, state, registered_at FROM nodes"
+        ):
+            # heartbeats are not persisted: a restart gives every live node a fresh grace period
+            self.nodes[node_id] = NodeRec(
+                node_id, kind, json.loads(labels), state, registered_at, now
+            )
+        for row in conn.execute(
+            "SELECT task_id, task, state, attempt, node_id, deadline, seq FROM tasks "
+            "WHERE state != 'done' ORDER BY seq"
+        ):
+            rec = TaskRec(row[0], json.loads(row[1]), *row[2:])
+            self.tasks[rec.task_id] = rec
+            if rec.state == "pending":
+                self.ready.append(rec.task_id)
+            else:
+                heapq.heappush(self.expiry, (rec.deadline, rec.task_id, rec.attempt))
+        self.done = {r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE state = 'done'")}
+        self.next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
+        served: dict[str, list[int]] = {}
+        for item_id, policy, task_id, group_id, state, batch_id, min_version in conn.execute(
+            "SELECT id, policy, task_id, group_id, state, batch_id, min_version FROM items "
+            "ORDER BY id"
+        ):
+            self.next_item = item_id + 1
+            if policy not in self.policies:
+                continue
+            rec = ItemRec(item_id, policy, task_id, group_id, min_version)
+            if state == FRESH:
+                self.fresh[policy][item_id] = rec
+            elif state == SERVED:
+                served.setdefault(batch_id, []).append(item_id)
+            else:
+                self.replayable[policy][item_id] = rec
+        for batch_id, policy, trainer_id, state, version, replay, created in conn.execute(
+            "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at "
+            "FROM batches"
+        ):
+            if state == "acked":
+                self.acked.add(batch_id)
+                continue
+            rec = BatchRec(
+                batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
+                version, created,
+            )
+            self.outstanding[(policy, trainer_id)] = rec
+            self.batches[batch_id] = rec
+        for name, state in conn.execute("SELECT name, state FROM plugin_state"):
+            if name in self.algorithms:
+                self.algorithms[name].load_state_dict(json.loads(state))
+                self._plugin_saved[name] = state
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._arrival = {p: asyncio.Event() for p in self.policies}
+        self._policy_locks = {p: asyncio.Lock() for p in self.policies}
+        self._changed = asyncio.Event()
+        self.store.start()
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        await asyncio.to_thread(self.store.close)
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _pulse_changed(self) -> None:
+        """Wake lease long-polls: capacity, versions or the task queue changed."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _pulse_arrival(self, policy: str) -> None:
+        self._arrival[policy].set()
+        self._arrival[policy] = asyncio.Event()
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    def _plugin_updates(self) -> list[tuple[str, str]]:
+        """Plug-in states that changed since they were last written."""
+        out = []
+        for name, algo in self.algorithms.items():
+            state = json.dumps(algo.state_dict(), sort_keys=True)
+            if state != self._plugin_saved.get(name):
+                self._plugin_saved[name] = state
+                out.append((name, state))
+        return out
+
+    @staticmethod
+    def _save_plugins(conn: sqlite3.Connection, updates: list[tuple[str, str]]) -> None:
+        conn.executemany(
+            "INSERT INTO plugin_state(name, state) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET state = excluded.state",
+            updates,
+        )
+
+    def _policy(self, policy: str) -> str:
+        if policy not in self.policies:
+            raise ServiceError(
+                404, f"unknown policy {policy!r}; this run has {sorted(self.policies)}"
+            )
+        return policy
+
+    def _stale(self, policy: str, min_version: int) -> bool:
+        return min_version >= 0 and self.versions[policy] - min_version > self.policies[policy]
+
+    # ---- nodes -----------------------------------------------------------------------
+
+    async def register(self, req: RegisterIn) -> dict[str, Any]:
+        node_id = req.node_id or f"{req.kind}-{uuid.uuid4().hex[:12]}"
+        existing = self.nodes.get(node_id)
+        if existing is not None and existing.kind != req.kind:
+            raise ServiceError(409, f"node {node_id!r} is registered as a {existing.kind}")
+        labels = req.labels.model_dump()
+        rec = NodeRec(node_id, req.kind, labels, "active", time.time(), time.monotonic())
+        await self.store.run(
+            lambda c: c.execute(
+                "INSERT INTO nodes(node_id, kind, labels, state, registered_at) "
+                "VALUES (?, ?, ?, 'active', ?) ON CONFLICT(node_id) DO UPDATE SET "
+                "labels = excluded.labels, state = 'active'",
+                (node_id, req.kind, json.dumps(labels), rec.registered_at),
+            )
+        )
+        self.nodes[node_id] = rec
+        s = self.settings
+        return {
+            "node_id": node_id,
+            "heartbeat_interval": s.heartbeat_timeout / 3,
+            "heartbeat_timeout": s.heartbeat_timeout,
+            "lease_seconds": s.lease_seconds,
+            "group_size": s.group_size,
+            "policies": {
+                p: {"version": self.versions[p], "max_staleness": m}
+                for p, m in self.policies.items()
+            },
+        }
+
+    def _active(self, node_id: str) -> NodeRec:
+        node = self.nodes.get(node_id)
+        if node is None or node.state != "active":
+            state = "unknown" if node is None else node.state
+            raise ServiceError(404, f"node {node_id!r} is not registered ({state}): register again")
+        return node
+
+    def heartbeat(self, node_id: str) -> dict[str, Any]:
+        self._active(node_id).last_seen = time.monotonic()
+        return {"node_id": node_id, "versions": self.versions}
+
+    async def leave(self, node_id: str) -> dict[str, Any]:
+        node = self._active(node_id)
+        await self._retire(node, "left")
+        return {"node_id": node_id, "state": "left"}
+
+    async def _retire(self, node: NodeRec, state: str) -> None:
+        """Take a node out; its leases become re-issuable at once."""
+        node.state = state
+        now = time.time()
+        for rec in self.tasks.values():
+            if rec.state == "leased" and rec.node_id == node.node_id:
+                rec.deadline = now
+                heapq.heappush(self.expiry, (now, rec.task_id, rec.attempt))
+        self._expire()
+        deltas = Counter({"nodes_retired": int(state == "retired")})
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE nodes SET state = ? WHERE node_id = ?", (state, node.node_id))
+            _upsert_counters(conn, deltas)
+
+        await self.store.run(job)
+        self.counters.update(deltas)
+        self._pulse_changed()
+
+    async def _reap_forever(self) -> None:
+        s = self.settings
+        interval = max(0.05, min(0.5, s.lease_seconds / 4, s.heartbeat_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self._expire():
+                    self._pulse_changed()
+                horizon = time.monotonic() - s.heartbeat_timeout
+                for node in list(self.nodes.values()):
+                    if node.state == "active" and node.last_seen < horizon:
+                        log.info("node %s missed its heartbeats: retired", node.node_id)
+                        await self._retire(node, "retired")
+            except STORE_ERRORS:
+                log.exception("dataflow reaper failed; retrying")
+
+    # ---- tasks -----------------------------------------------------------------------
+
+    def _expire(self) -> int:
+        """Move leases past their deadline back to the front of the queue."""
+        now = time.time()
+        expired = []
+        while self.expiry and self.expiry[0][0] <= now:
+            _deadline, task_id, attempt = heapq.heappop(self.expiry)
+            rec = self.tasks.get(task_id)
+            if rec and rec.state == "leased" and rec.attempt == attempt and rec.deadline <= now:
+                rec.state = "pending"
+                expired.append(task_id)
+        self.ready.extendleft(reversed(expired))
+        return len(expired)
+
+    def _source_next(self) -> tuple[Task, int] | None:
+        """The next dataset task and its epoch, cycling epoch after epoch."""
+        if self.source is None:
+            return None
+        for _ in range(2):
+            if self._source_iter is None:
+                self._source_iter = itertools.islice(self.source.train_tasks(), self.index, None)
+            task = next(self._source_iter, None)
+            if task is not None:
+                self.index += 1
+                return task, self.epoch
+            if self.index == 0:
+                return None  # an empty dataset
+            self.epoch, self.index, self._source_iter = self.epoch + 1, 0, None
+        return None
+
+    def _samples_per_task(self, policy: str) -> float:
+        completed = self.counters["tasks_completed"]
+        if completed == 0:
+            return float(self.settings.group_size)
+        return self.counters[f"produced:{policy}"] / completed
+
+    def admission(self, held: dict[str, int]) -> tuple[int, dict[str, str]]:
+        """How many more tasks may be issued now, and why not more.
+
+        A new task's samples join the queue behind what is buffered and in flight; at
+        ``batch_size`` per step they are consumed ``queued // batch_size`` versions
+        from now. Tasks whose samples would then be older than ``max_staleness``
+        (counting the versions the node is already behind) or would overflow the
+        buffer are not issued: the node waits instead of producing waste.
+        """
+        s = self.settings
+        in_flight = sum(1 for r in self.tasks.values() if r.state == "leased")
+        allowed = 1 << 30
+        reasons: dict[str, str] = {}
+        for policy, max_staleness in self.policies.items():
+            per_task = self._samples_per_task(policy)
+            if per_task <= 0:
+                continue
+            queued = len(self.fresh[policy]) + in_flight * per_task
+            lag = max(0, self.versions[policy] - held.get(policy, self.versions[policy]))
+            room_stale = (max_staleness - lag + 1) * s.batch_size - queued
+            room_cap = s.buffer_capacity - queued
+            n = int(max(0.0, min(room_stale, room_cap)) // per_task)
+            if n == 0:
+                reasons[policy] = (
+                    f"buffer full ({len(self.fresh[policy])} buffered + {in_flight} tasks in "
+                    f"flight, capacity {s.buffer_capacity})"
+                    if room_cap < room_stale
+                    else f"staleness: {queued:.0f} samples queued would be consumed more than "
+                    f"max_staleness={max_staleness} versions after the node's weights "
+                    f"({lag} behind)"
+                )
+            allowed = min(allowed, n)
+        return allowed, reasons
+
+    def _grant(self, node: NodeRec, req: LeaseIn) -> tuple[list[TaskRec], dict[str, str]]:
+        self._expire()
+        allowed, reasons = self.admission(req.versions)
+        want = min(req.max_tasks, allowed)
+        granted: list[TaskRec] = []
+        while len(granted) < want and self.ready:
+            rec = self.tasks.get(self.ready.popleft())
+            if rec is not None and rec.state == "pending":
+                granted.append(rec)
+        examined = 0
+        while len(granted) < want and examined < max(64, 8 * want):
+            nxt = self._source_next()
+            if nxt is None:
+                break
+            task, epoch = nxt
+            examined += 1
+            if not all(sel.should_issue(task) for sel in self.selectors):
+                self.counters["tasks_skipped"] += 1
+                continue
+            task_id = f"{task.task_id}#{epoch}"
+            while task_id in self.tasks or task_id in self.done:
+                task_id += "+"
+            issued = dataclasses.asdict(task)
+            issued["task_id"] = task_id
+            issued["metadata"] = {**task.metadata, "source_task_id": task.task_id, "epoch": epoch}
+            rec = TaskRec(task_id, issued, "pending", 0, None, None, self.next_seq)
+            self.next_seq += 1
+            self.tasks[task_id] = rec
+            granted.append(rec)
+        deadline = time.time() + self.settings.lease_seconds
+        for rec in granted:
+            rec.state, rec.node_id, rec.deadline = "leased", node.node_id, deadline
+            rec.attempt += 1
+            heapq.heappush(self.expiry, (deadline, rec.task_id, rec.attempt))
+        return granted, reasons
+
+    async def lease(self, req: LeaseIn) -> dict[str, Any]:
+        node = self._active(req.node_id)
+        node.last_seen = time.monotonic()
+        give_up = time.monotonic() + req.wait
+        while True:
+            changed = self._changed
+            granted, reasons = self._grant(node, req)
+            remaining = give_up - time.monotonic()
+            if granted or remaining <= 0:
+                break
+            await self._wait(changed, remaining)
+        if granted:
+            deltas = Counter(
+                tasks_leased=len(granted),
+                tasks_issued=sum(r.attempt == 1 for r in granted),
+                tasks_reissued=sum(r.attempt > 1 for r in granted),
+            )
+            rows = [
+                (r.task_id, json.dumps(r.task), r.attempt, r.node_id, r.deadline, r.seq)
+                for r in granted
+            ]
+            cursor = json.dumps({"epoch": self.epoch, "index": self.index})
+            plugins = self._plugin_updates()
+
+            def job(conn: sqlite3.Connection) -> None:
+                conn.executemany(
+                    "INSERT INTO tasks(task_id, task, state, attempt, node_id, deadline, seq) "
+                    "VALUES (?, ?, 'leased', ?, ?, ?, ?) ON CONFLICT(task_id) DO UPDATE SET "
+                    "state = 'leased', attempt = excluded.attempt, node_id = excluded.node_id, "
+                    "deadline = excluded.deadline",
+                    rows,
+                )
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('cursor', ?)", (cursor,)
+                )
+                _upsert_counters(conn, deltas)
+                self._save_plugins(conn, plugins)
+
+            await self.store.run(job)
+            self.counters.update(deltas)
+        leases = [
+            {
+                "lease_id": f"{r.task_id}|{r.attempt}",
+                "task": r.task,
+                "group_size": self.settings.group_size,
+                "deadline": r.deadline,
+                "versions": dict(self.versions),
+            }
+            for r in granted
+        ]
+        out: dict[str, Any] = {"leases": leases}
+        if not granted:
+            out["backpressure"] = reasons or {"*": "no tasks available"}
+            out["retry_after"] = min(1.0, self.settings.lease_seconds / 4)
+        return out
+
+    async def post_tasks(self, req: TasksIn) -> dict[str, Any]:
+        """Queue tasks sent over HTTP (idempotent by task id)."""
+        fresh, duplicates = [], []
+        seen: set[str] = set()
+        for t in req.tasks:
+            if t.task_id in self.tasks or t.task_id in self.done or t.task_id in seen:
+                duplicates.append(t.task_id)
+                continue
+            seen.add(t.task_id)
+            rec = TaskRec(t.task_id, t.model_dump(), "pending", 0, None, None, self.next_seq)
+            self.next_seq += 1
+            fresh.append(rec)
+        rows = [(r.task_id, json.dumps(r.task), r.seq) for r in fresh]
+        deltas = Counter(tasks_posted=len(fresh))
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO tasks(task_id, task, state, attempt, seq) "
+                "VALUES (?, ?, 'pending', 0, ?)",
+                rows,
+            )
+            _upsert_counters(conn, deltas)
+
+        for rec in fresh:
+            self.tasks[rec.task_id] = rec
+        try:
+            await self.store.run(job)
+        except Exception:
+            for rec in fresh:
+                del self.tasks[rec.task_id]
+            raise
+        self.ready.extend(r.task_id for r in fresh)
+        self.counters.update(deltas)
+        self._pulse_changed()
+        return {"accepted": len(fresh), "duplicates": duplicates}
+
+    # ---- trajectories ----------------------------------------------------------------
+
+    def _lease_task(self, lease_id: str) -> TaskRec | None:
+        """The task a lease id names; None if that task is already done."""
+        task_id, sep, attempt = lease_id.rpartition("|")
+        if not sep or not attempt.isdigit():
+            raise ServiceError(422, f"lease_id {lease_id!r} is malformed: expected TASK|ATTEMPT")
+        if task_id in self.done:
+            return None
+        rec = self.tasks.get(task_id)
+        if rec is None:
+            raise ServiceError(404, f"lease {lease_id!r} names an unknown task")
+        if not 1 <= int(attempt) <= rec.attempt:
+            raise ServiceError(409, f"lease {lease_id!r} was never issued")
+        return rec
+
+    async def submit(self, req: SubmitIn) -> dict[str, Any]:
+        """Accept every policy's trajectories of one leased task, exactly once."""
+        rec = self._lease_task(req.lease_id)
+        if rec is None:
+            self.counters["submissions_duplicate"] += 1
+            return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
+        checked = [check_trajectory(t, i) for i, t in enumerate(req.trajectories)]
+        for i, ct in enumerate(checked):
+            if ct.task_id != rec.task_id:
+                raise ServiceError(
+                    422, f"trajectories.{i}.task_id is {ct.task_id!r}, the lease is for "
+                    f"{rec.task_id!r}"
+                )
+            self._policy(ct.policy)
+        incoming = Counter(ct.policy for ct in checked)
+        for policy, n in incoming.items():
+            if len(self.fresh[policy]) + n > self.settings.buffer_capacity:
+                raise ServiceError(
+                    429, f"buffer of policy {policy!r} is full ({len(self.fresh[policy])} of "
+                    f"{self.settings.buffer_capacity}); retry after the trainer consumes"
+                )
+        previous_state = rec.state
+        rec.state = "done"  # reserved: a concurrent duplicate now sees the task as done
+        node_id = req.node_id or rec.node_id
+        node = self.nodes.get(node_id or "")
+        labels = node.labels if node else {}
+        pool = labels.get("pool", "unknown")
+        now = time.time()
+        stamp = {
+            "task_type": rec.task.get("task_type", "default"),
+            "source_task_id": rec.task.get("metadata", {}).get("source_task_id", rec.task_id),
+            "lease_id": req.lease_id,
+            "node_id": node_id,
+            "pool": pool,
+            "region": labels.get("region", "unknown"),
+            "leased_at": (rec.deadline or now) - self.settings.lease_seconds,
+            "accepted_at": now,
+        }
+        source_task = Task(**{**rec.task, "task_id": stamp["source_task_id"]})
+        groups: dict[tuple[str, str], list[CheckedTrajectory]] = {}
+        for ct in checked:
+            groups.setdefault((ct.group_id, ct.policy), []).append(ct)
+        deltas = Counter(tasks_completed=1)
+        rows: list[tuple] = []
+        items: list[ItemRec] = []
+        for (group_id, policy), members in groups.items():
+            rewards = [ct.reward for ct in members]
+            deltas[f"produced:{policy}"] += len(members)
+            for sel in self.selectors:
+                sel.observe_group(source_task, policy, rewards)
+            if self.filters:
+                group: list[Trajectory] = [ct.to_trajectory() for ct in members]
+                if not all(f.keep(group) for f in self.filters):
+                    deltas[f"filtered:{policy}"] += len(members)
+                    continue
+            advantages = group_advantages(rewards)
+            for ct, advantage in zip(members, advantages, strict=True):
+                if self._stale(policy, ct.min_version):
+                    deltas[f"dropped_stale:{policy}"] += 1
+                    continue
+                meta = {**ct.metadata, **stamp, "group_size": len(members)}
+                item = ItemRec(self.next_item, policy, rec.task_id, group_id, ct.min_version)
+                self.next_item += 1
+                items.append(item)
+                rows.append((item.id, policy, rec.task_id, group_id, FRESH, ct.min_version,
+                             ct.payload(advantage, meta)))
+                deltas[f"accepted:{policy}"] += 1
+        plugins = self._plugin_updates()
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO items(id, policy, task_id, group_id, state, min_version, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (rec.task_id,))
+            _upsert_counters(conn, deltas)
+            self._save_plugins(conn, plugins)
+
+        try:
+            await self.store.run(job)
+        except Exception:
+            rec.state = previous_state
+            raise
+        del self.tasks[rec.task_id]
+        self.done.add(rec.task_id)
+        self.counters.update(deltas)
+        for item in items:
+            self.fresh[item.policy][item.id] = item
+        accepted = sum(v for k, v in deltas.items() if k.startswith("accepted:"))
+        if accepted:
+            self.autoscale.produce(pool, accepted)
+        for policy in {i.policy for i in items}:
+            self._pulse_arrival(policy)
+        return {
+            "status": "accepted",
+            "task_id": rec.task_id,
+            "accepted": accepted,
+            "filtered": sum(v for k, v in deltas.items() if k.startswith("filtered:")),
+            "dropped_stale": sum(v for k, v in deltas.items() if k.startswith("dropped_stale:")),
+        }
+
+    # ---- batches ---------------------------------------------------------------------
+
+    def _in_order(self, policy: str) -> Iterator[ItemRec]:
+        """Fresh items in serving order: arrival (FIFO) or staleness deadline (EDF)."""
+        fresh = self.fresh[policy].values()
+        if self.settings.order == "fifo":
+            return iter(fresh)
+        big = 1 << 62
+        return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
+                                                  r.id)))
+
+    async def _payloads(self, ids: list[int]) -> dict[int, bytes]:
+        return await self.store.run(
+            lambda c: dict(
+                c.execute(
+                    "SELECT id, payload FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps(ids),),
+                )
+            )
+        )
+
+    async def _compose(self, policy: str, n: int) -> tuple[list[int], list[int]] | None:
+        """(fresh ids, replayed ids) for a batch of ``n``, or None if not enough yet."""
+        fresh = self.fresh[policy]
+        if self.sampler is None:
+            if len(fresh) < n:
+                return None
+            return [r.id for r in itertools.islice(self._in_order(policy), n)], []
+        pool = self.replayable[policy]
+        if not fresh or len(fresh) + len(pool) < n:
+            return None
+        window = [r.id for r in itertools.islice(self._in_order(policy), max(4 * n, 256))]
+        replay_ids = list(pool)
+        payloads = await self._payloads(window + replay_ids)
+        trajs: dict[int, Trajectory] = {}
+        for item_id, raw in payloads.items():
+            data = msgpack.unpackb(raw)
+            data.pop("advantage")
+            trajs[item_id] = unpack_trajectory(data)
+        ids_of = {id(t): i for i, t in trajs.items()}
+        picked_fresh, picked_replay = self.sampler.compose(
+            n,
+            [trajs[i] for i in window if i in trajs],
+            [trajs[i] for i in replay_ids if i in trajs],
+            self.versions[policy],
+        )
+        fresh_ids = [ids_of[id(t)] for t in picked_fresh if ids_of.get(id(t)) in fresh]
+        replay = [ids_of[id(t)] for t in picked_replay if ids_of.get(id(t)) in pool]
+        if len(fresh_ids) + len(replay) != n or not fresh_ids:
+            return None
+        return fresh_ids, replay
+
+    async def get_batch(self, policy: str, n: int, timeout: float, trainer_id: str
+                        ) -> tuple[BatchRec, dict[int, bytes], bool] | None:
+        """A batch of ``n`` for ``policy``, waiting up to ``timeout`` for enough items.
+
+        A trainer that asks again before acknowledging its previous batch (it
+        restarted, or lost the reply) gets that same batch again.
+        """
+        self._policy(policy)
+        if n > self.settings.buffer_capacity:
+            raise ServiceError(
+                422, f"n={n} exceeds the buffer capacity {self.settings.buffer_capacity}"
+            )
+        give_up = time.monotonic() + timeout
+        while True:
+            arrival = self._arrival[policy]
+            async with self._policy_locks[policy]:
+                rec = self.outstanding.get((policy, trainer_id))
+                if rec is not None:
+                    return rec, await self._batch_payloads(rec), True
+                picked = await self._compose(policy, n)
+                if picked is not None:
+                    rec, payloads = await self._serve(policy, trainer_id, *picked)
+                    return rec, payloads, False
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self._wait(arrival, remaining)
+
+    async def _batch_payloads(self, rec: BatchRec) -> dict[int, bytes]:
+        return await self._payloads(rec.items + rec.replay)
+
+    async def _serve(self, policy: str, trainer_id: str, ids: list[int], replay: list[int]
+                     ) -> tuple[BatchRec, dict[int, bytes]]:
+        rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, self.versions[policy],
+                       time.time())
+        taken = [self.fresh[policy].pop(i) for i in ids]
+        self.outstanding[(policy, trainer_id)] = rec
+        self.batches[rec.batch_id] = rec
+
+        def job(conn: sqlite3.Connection) -> dict[int, bytes]:
+            conn.execute(
+                "INSERT INTO batches(batch_id, policy, trainer_id, state, trainer_version, "
+                "replay, created_at) VALUES (?, ?, ?, 'served', ?, ?, ?)",
+                (rec.batch_id, policy, trainer_id, rec.trainer_version, json.dumps(replay),
+                 rec.created_at),
+            )
+            conn.execute(
+                "UPDATE items SET state = ?, batch_id = ? "
+                "WHERE id IN (SELECT value FROM json_each(?))",
+                (SERVED, rec.batch_id, json.dumps(ids)),
+            )
+            return dict(
+                conn.execute(
+                    "SELECT id, payload FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps(ids + replay),),
+                )
+            )
+
+        try:
+            payloads = await self.store.run(job)
+        except Exception:
+            del self.outstanding[(policy, trainer_id)], self.batches[rec.batch_id]
+            for item in taken:
+                self.fresh[policy][item.id] = item
+            raise
+        return rec, payloads
+
+    async def ack_batch(self, batch_id: str, wait_seconds: float, step_seconds: float
+                        ) -> dict[str, Any]:
+        """The trainer finished its step on ``batch_id``: its items are consumed."""
+        rec = self.batches.get(batch_id)
+        if rec is None:
+            if batch_id in self.acked:
+                return {"status": "duplicate", "batch_id": batch_id}
+            raise ServiceError(404, f"unknown batch {batch_id!r}")
+        policy = rec.policy
+        deltas = Counter({f"consumed:{policy}": len(rec.items),
+                          f"replayed:{policy}": len(rec.replay)})
+        keep = self.sampler is not None
+        evict: list[int] = []
+        if keep:
+            pool = self.replayable[policy]
+            for item_id in rec.items:
+                pool[item_id] = ItemRec(item_id, policy, "", "", -1)
+            while len(pool) > self.settings.buffer_capacity:
+                evict.append(pool.popitem(last=False)[0])
+
+        def job(conn: sqlite3.Connection) -> None:
+            if keep:
+                conn.execute("UPDATE items SET state = ?, batch_id = NULL WHERE batch_id = ?",
+                             (CONSUMED, batch_id))
+                conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                             (json.dumps(evict),))
+            else:
+                conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
+            conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
+            _upsert_counters(conn, deltas)
+
+        del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
+        self.acked.add(batch_id)
+        await self.store.run(job)
+        self.counters.update(deltas)
+        self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
+        self._pulse_changed()
+        return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}
+
+    # ---- versions --------------------------------------------------------------------
+
+    def announce_version(self, policy: str, version: int) -> Any:
+        """Record ``policy``'s new weight version (for the weights subsystem's on_publish).
+
+        Callable from the event loop (returns an awaitable) or from any other thread
+        (blocks until the version is durable).
+        """
+        if self.loop is None:
+            raise RuntimeError("the dataflow service is not running")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            return asyncio.ensure_future(self.set_version(policy, version))
+        return asyncio.run_coroutine_threadsafe(self.set_version(policy, version),
+                                                self.loop).result()
+
+    async def set_version(self, policy: str, version: int) -> dict[str, Any]:
+        self._policy(policy)
+        current = self.versions[policy]
+        if version < current:
+            raise ServiceError(
+                409, f"versions of {policy!r} only move forward: current {current}, got {version}"
+            )
+        if version == current:
+            return {"policy": policy, "version": version, "dropped_stale": 0}
+        self.versions[policy] = version
+        for algo in self.algorithms.values():
+            algo.on_new_version(policy, version)
+        stale = [i for i, r in self.fresh[policy].items() if self._stale(policy, r.min_version)]
+        for item_id in stale:
+            del self.fresh[policy][item_id]
+        deltas = Counter({f"dropped_stale:{policy}": len(stale)})
+        plugins = self._plugin_updates()
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO versions(policy, version) VALUES (?, ?) "
+                "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
+                (policy, version),
+            )
+            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                         (json.dumps(stale),))
+            _upsert_counters(conn, deltas)
+            self._save_plugins(conn, plugins)
+
+        await self.store.run(job)
+        self.counters.update(deltas)
+        self._pulse_changed()
+        return {"policy": policy, "version": version, "dropped_stale": len(stale)}
+
+    # ---- observability ---------------------------------------------------------------
+
+    def pool_sizes(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.kind == "raas" and node.state == "active":
+                pool = node.labels.get("pool", "default")
+                sizes[pool] = sizes.get(pool, 0) + 1
+        return sizes
+
+    def status(self) -> dict[str, Any]:
+        c = self.counters
+        now = time.monotonic()
+        nodes = [
+            {
+                "node_id": n.node_id,
+                "kind": n.kind,
+                "state": n.state,
+                "labels": n.labels,
+                "seconds_since_heartbeat": round(now - n.last_seen, 3),
+            }
+            for n in self.nodes.values()
+        ]
+        pools: dict[str, dict[str, Any]] = {}
+        for n in self.nodes.values():
+            if n.kind == "raas" and n.state == "active":
+                pool = pools.setdefault(n.labels.get("pool", "default"),
+                                        {"nodes": 0, "capacity": 0, "regions": []})
+                pool["nodes"] += 1
+                pool["capacity"] += n.labels.get("capacity", 1)
+                if n.labels.get("region") not in pool["regions"]:
+                    pool["regions"].append(n.labels.get("region"))
+        policies = {
+            p: {
+                "version": self.versions[p],
+                "max_staleness": m,
+                "buffered": len(self.fresh[p]),
+                "replayable": len(self.replayable[p]),
+                "outstanding_batches": sum(1 for k in self.outstanding if k[0] == p),
+                **{
+                    name: c[f"{name}:{p}"]
+                    for name in ("accepted", "filtered", "consumed", "dropped_stale", "replayed")
+                },
+            }
+            for p, m in self.policies.items()
+        }
+        return {
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "order": self.settings.order,
+            "nodes": nodes,
+            "pools": pools,
+            "policies": policies,
+            "versions": dict(self.versions),
+            "tasks": {
+                "issued": c["tasks_issued"],
+                "leased": c["tasks_leased"],
+                "completed": c["tasks_completed"],
+                "reissued": c["tasks_reissued"],
+                "posted": c["tasks_posted"],
+                "skipped": c["tasks_skipped"],
+                "in_flight": sum(1 for r in self.tasks.values() if r.state == "leased"),
+                "pending": sum(1 for r in self.tasks.values() if r.state == "pending"),
+                "duplicate_submissions": c["submissions_duplicate"],
+                "epoch": self.epoch,
+            },
+            "trajectories": {
+                name: sum(c[f"{name}:{p}"] for p in self.policies)
+                for name in ("accepted", "filtered", "consumed", "dropped_stale", "replayed")
+            },
+        }
+
+    def autoscale_report(self) -> dict[str, Any]:
+        return self.autoscale.report(self.pool_sizes())
+
+    def metrics(self) -> str:
+        """Prometheus text exposition of the counters and gauges in ``status``."""
+        st = self.status()
+        lines = [
+            "# HELP astraflow_tasks_total Task ledger events.",
+            "# TYPE astraflow_tasks_total counter",
+        ]
+        for event in ("issued", "leased", "completed", "reissued", "posted", "skipped"):
+            lines.append(f'astraflow_tasks_total{{event="{event}"}} {st["tasks"][event]}')
+        lines += ["# HELP astraflow_trajectories_total Trajectory events per policy.",
+                  "# TYPE astraflow_trajectories_total counter"]
+        gauges: list[str] = []
+        for policy, info in st["policies"].items():
+            p = _label(policy)
+            for event in ("accepted", "filtered", "consumed", "dropped_stale", "replayed"):
+                lines.append(
+                    f'astraflow_trajectories_total{{policy="{p}",event="{event}"}} {info[event]}'
+                )
+            gauges.append(f'astraflow_policy_version{{policy="{p}"}} {info["version"]}')
+            gauges.append(f'astraflow_buffer_size{{policy="{p}"}} {info["buffered"]}')
+        lines += ["# HELP astraflow_policy_version Latest weight version per policy.",
+                  "# TYPE astraflow_policy_version gauge",
+                  *[g for g in gauges if g.startswith("astraflow_policy_version")],
+                  "# HELP astraflow_buffer_size Fresh trajectories buffered per policy.",
+                  "# TYPE astraflow_buffer_size gauge",
+                  *[g for g in gauges if g.startswith("astraflow_buffer_size")],
+                  "# HELP astraflow_tasks_in_flight Tasks currently leased.",
+                  "# TYPE astraflow_tasks_in_flight gauge",
+                  f"astraflow_tasks_in_flight {st['tasks']['in_flight']}",
+                  "# HELP astraflow_pool_nodes Active rollout nodes per pool.",
+                  "# TYPE astraflow_pool_nodes gauge"]
+        for pool, info in st["pools"].items():
+            lines.append(f'astraflow_pool_nodes{{pool="{_label(pool)}"}} {info["nodes"]}')
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,365 @@
+"""The wire format shared by the service and its clients: typed payloads, never pickle.
+
+Requests and responses are JSON or msgpack (``Content-Type``/``Accept:
+application/msgpack``). On the hot paths token arrays may travel as little-endian
+binary blobs (tokens and versions int32, log-probs float32, loss mask uint8), which
+is also how the store keeps them; JSON clients send plain lists.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgpack
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBytes, ValidationError
+
+from astraflow.types import Batch, Span, Task, TrainItem, Trajectory
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+#: wire dtypes of the binary token arrays
+DTYPES: dict[str, np.dtype] = {
+    "tokens": np.dtype("<i4"),
+    "logprobs": np.dtype("<f4"),
+    "loss_mask": np.dtype("u1"),
+    "versions": np.dtype("<i4"),
+}
+ARRAYS = tuple(DTYPES)
+TOKEN_LIMIT = 2**31
+
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+NodeId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class PayloadError(ValueError):
+    """A request body that cannot be used; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Labels(_Model):
+    """What a node offers; ``pool`` groups nodes for the autoscale report."""
+
+    pool: Name = "default"
+    region: Name = "local"
+    policies: list[Name] = Field(default_factory=list, max_length=256)
+    capacity: int = Field(default=1, ge=0, le=1_000_000)
+
+
+class RegisterIn(_Model):
+    kind: Literal["raas", "trainer"]
+    node_id: NodeId | None = None
+    labels: Labels = Field(default_factory=Labels)
+
+
+class LeaseIn(_Model):
+    node_id: NodeId
+    max_tasks: int = Field(default=1, ge=1, le=1024)
+    wait: float = Field(default=0.0, ge=0.0, le=300.0)
+    #: weight version the node holds per policy (admission control); default: latest
+    versions: dict[Name, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+
+
+class TaskIn(_Model):
+    task_id: Name
+    prompt: str = Field(max_length=1_000_000)
+    answer: str | None = None
+    task_type: Name = "default"
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class TasksIn(_Model):
+    tasks: list[TaskIn] = Field(min_length=1, max_length=100_000)
+
+
+class SpanIn(_Model):
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    source: Name
+    version: int = Field(default=-1, ge=-1)
+
+
+IntArray = list[int] | StrictBytes
+FloatArray = list[float] | StrictBytes
+
+
+class TrajectoryIn(_Model):
+    """A trajectory on the wire: arrays as lists (JSON) or binary blobs (msgpack)."""
+
+    task_id: Name
+    group_id: Name
+    policy: Name
+    tokens: IntArray
+    logprobs: FloatArray
+    loss_mask: IntArray
+    versions: IntArray
+    spans: list[SpanIn] = Field(min_length=1)
+    reward: float
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SubmitIn(_Model):
+    lease_id: Name
+    node_id: NodeId | None = None
+    trajectories: list[TrajectoryIn] = Field(min_length=1, max_length=65_536)
+
+
+class BatchIn(_Model):
+    policy: Name
+    n: int = Field(ge=1, le=65_536)
+    timeout: float = Field(default=30.0, ge=0.0, le=300.0)
+    #: stable per trainer (e.g. policy + rank): an unacknowledged batch is served to it again
+    trainer_id: NodeId = "trainer"
+
+
+class AckIn(_Model):
+    """``step_seconds`` is the step's whole wall time, ``wait_seconds`` the part spent waiting."""
+
+    wait_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
+    step_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
+
+
+class VersionIn(_Model):
+    policy: Name
+    version: int = Field(ge=0, le=2**62)
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    RegisterIn,
+    LeaseIn,
+    TasksIn,
+    SubmitIn,
+    BatchIn,
+    AckIn,
+    VersionIn,
+)
+
+
+def decode_body(body: bytes, content_type: str) -> Any:
+    """Parse a request body by its content type (JSON if none is given)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in (MSGPACK, "application/x-msgpack"):
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception as exc:
+            raise PayloadError(f"body is not valid msgpack: {exc}", 400) from None
+    if media in ("", JSON) or media.endswith("+json"):
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise PayloadError(f"body is not valid JSON: {exc}", 400) from None
+    raise PayloadError(f"unsupported content type {media!r}: send {JSON} or {MSGPACK}", 415)
+
+
+def validation_message(exc: ValidationError, limit: int = 5) -> str:
+    """One readable line per problem: where it is and what is wrong (never the input)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False)[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise PayloadError(validation_message(exc)) from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply", 400) from None
+
+
+def _array(name: str, value: list | bytes) -> np.ndarray:
+    dtype = DTYPES[name]
+    if isinstance(value, bytes):
+        if len(value) % dtype.itemsize:
+            raise PayloadError(
+                f"{name}: binary length {len(value)} is not a multiple of {dtype.itemsize} "
+                f"({dtype.name} little-endian)"
+            )
+        return np.frombuffer(value, dtype=dtype)
+    if name == "logprobs":
+        return np.asarray(value, dtype=np.float64)
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        raise PayloadError(f"{name}: integer out of range") from None
+
+
+@dataclass(slots=True)
+class CheckedTrajectory:
+    """A validated trajectory with its arrays in wire dtypes."""
+
+    task_id: str
+    group_id: str
+    policy: str
+    arrays: dict[str, np.ndarray]
+    spans: list[dict[str, Any]]
+    reward: float
+    metadata: dict[str, Any]
+    min_version: int
+
+    def payload(self, advantage: float, metadata: dict[str, Any]) -> bytes:
+        """The stored (and served) form: msgpack with binary arrays."""
+        return msgpack.packb(
+            {
+                "task_id": self.task_id,
+                "group_id": self.group_id,
+                "policy": self.policy,
+                **{k: self.arrays[k].tobytes() for k in ARRAYS},
+                "spans": self.spans,
+                "reward": self.reward,
+                "metadata": metadata,
+                "advantage": advantage,
+            }
+        )
+
+    def to_trajectory(self) -> Trajectory:
+        return Trajectory(
+            task_id=self.task_id,
+            group_id=self.group_id,
+            policy=self.policy,
+            **{k: self.arrays[k].tolist() for k in ARRAYS},
+            spans=[Span(**s) for s in self.spans],
+            reward=self.reward,
+            metadata=dict(self.metadata),
+        )
+
+
+def check_trajectory(t: TrajectoryIn, index: int) -> CheckedTrajectory:
+    """Everything ``Trajectory.validate`` checks, plus the rules routing relies on.
+
+    A trained token (loss mask 1) must lie in a span generated by the trajectory's own
+    policy and carry the weight version that produced it: that is what keeps one
+    policy's tokens out of another policy's loss and makes staleness measurable.
+    """
+    where = f"trajectories.{index}"
+    try:
+        raw = {name: _array(name, getattr(t, name)) for name in ARRAYS}
+    except PayloadError as exc:
+        raise PayloadError(f"{where}.{exc}") from None
+    n = len(raw["tokens"])
+    for name in ARRAYS[1:]:
+        if len(raw[name]) != n:
+            raise PayloadError(f"{where}: {name} has {len(raw[name])} entries, tokens has {n}")
+    tokens, logprobs, mask, versions = (raw[k] for k in ARRAYS)
+    if n and (tokens.min() < 0 or tokens.max() >= TOKEN_LIMIT):
+        raise PayloadError(f"{where}.tokens: token ids must be in [0, 2**31)")
+    if n and (mask.min() < 0 or mask.max() > 1):
+        raise PayloadError(f"{where}.loss_mask: entries must be 0 or 1")
+    if n and (versions.min() < -1 or versions.max() >= TOKEN_LIMIT):
+        raise PayloadError(f"{where}.versions: entries must be in [-1, 2**31)")
+    trained = mask.astype(bool)
+    if not np.isfinite(logprobs[trained]).all():
+        raise PayloadError(f"{where}.logprobs: trained tokens need finite log-probs")
+    pos = 0
+    for j, span in enumerate(t.spans):
+        if span.start != pos or span.end < span.start:
+            raise PayloadError(
+                f"{where}.spans.{j}: spans must tile the tokens contiguously "
+                f"(expected start {pos}, got {span.start}..{span.end})"
+            )
+        if span.source != t.policy and mask[span.start : span.end].any():
+            raise PayloadError(
+                f"{where}.loss_mask: marks tokens of span {j} (source {span.source!r}) in a "
+                f"{t.policy!r} trajectory; only the policy's own tokens may be trained"
+            )
+        pos = span.end
+    if pos != n:
+        raise PayloadError(f"{where}.spans: cover {pos} tokens, tokens has {n}")
+    trained_versions = versions[trained]
+    if trained_versions.size and trained_versions.min() < 0:
+        raise PayloadError(f"{where}.versions: trained tokens need the weight version (>= 0)")
+    min_version = int(trained_versions.min()) if trained_versions.size else -1
+    arrays = {
+        name: arr if arr.dtype == DTYPES[name] else arr.astype(DTYPES[name])
+        for name, arr in raw.items()
+    }
+    return CheckedTrajectory(
+        t.task_id,
+        t.group_id,
+        t.policy,
+        arrays,
+        [s.model_dump() for s in t.spans],
+        float(t.reward),
+        dict(t.metadata),
+        min_version,
+    )
+
+
+# ---- client-side helpers -------------------------------------------------------------
+
+
+@dataclass
+class Lease:
+    """A task leased to a node until ``deadline`` (unix time); submit with ``lease_id``."""
+
+    lease_id: str
+    task: Task
+    group_size: int
+    deadline: float
+    versions: dict[str, int]
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Lease:
+        return cls(
+            data["lease_id"], Task(**data["task"]), data["group_size"], data["deadline"],
+            data["versions"],
+        )
+
+
+def pack_trajectory(t: Trajectory) -> dict[str, Any]:
+    """A trajectory for msgpack submission, arrays as binary blobs."""
+    return {
+        "task_id": t.task_id,
+        "group_id": t.group_id,
+        "policy": t.policy,
+        **{k: np.asarray(getattr(t, k), dtype=DTYPES[k]).tobytes() for k in ARRAYS},
+        "spans": [
+            {"start": s.start, "end": s.end, "source": s.source, "version": s.version}
+            for s in t.spans
+        ],
+        "reward": t.reward,
+        "metadata": t.metadata,
+    }
+
+
+def unpack_trajectory(data: dict[str, Any]) -> Trajectory:
+    arrays = {
+        k: np.frombuffer(v, DTYPES[k]).tolist() if isinstance(v, bytes) else list(v)
+        for k, v in ((k, data[k]) for k in ARRAYS)
+    }
+    return Trajectory(
+        task_id=data["task_id"],
+        group_id=data["group_id"],
+        policy=data["policy"],
+        **arrays,
+        spans=[Span(**s) for s in data["spans"]],
+        reward=data["reward"],
+        metadata=data["metadata"],
+    )
+
+
+def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored trajectory payload with its binary arrays as lists (for JSON replies)."""
+    return {
+        k: np.frombuffer(v, DTYPES[k]).tolist() if k in DTYPES else v for k, v in data.items()
+    }
+
+
+def batch_from_wire(data: dict[str, Any]) -> Batch:
+    items = []
+    for raw in data["items"]:
+        advantage = raw.pop("advantage")
+        items.append(TrainItem(unpack_trajectory(raw), advantage))
+    return Batch(data["batch_id"], data["policy"], items, data["trainer_version"], data["metadata"])
