@@ -1,0 +1,222 @@
+"""Tiny Llama-style models and a character tokenizer, made locally (never from a hub).
+
+The default run and every test start from these: a real transformer small enough to
+train and serve on two CPU cores, with head_dim 64 because vLLM's CPU attention
+kernels reject smaller heads. The tokenizer is character-level so that arithmetic is
+spelled digit by digit and every id the model can emit decodes to exactly one
+character.
+
+Weights are saved in float32: the model is ~0.5M parameters (2 MB), so precision is
+free, and whoever loads it -- a float32 trainer or a bfloat16 rollout engine -- starts
+from the same warm-started values, cast once at load time.
+
+torch and transformers are imported inside the functions that need them, so code
+that only tokenizes (workflows, the launcher) stays torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as FastTokenizer
+
+from astraflow.config import ModelConfig
+from astraflow.types import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SPECIALS = (PAD, BOS, EOS)
+#: digits and operators for arithmetic, lower-case letters and punctuation for tool
+#: calls and verdicts (``calc(3+4)``, ``yes``/``no``, ``answer: 7``)
+CHARACTERS = "0123456789+-*/=()" + " \n:,." + "abcdefghijklmnopqrstuvwxyz"
+#: bump when the construction below changes, so cached models are rebuilt
+_FORMAT = 1
+_STAMP = "astraflow_tiny.json"
+_WARMSTART_LR = 3e-4
+_WARMSTART_BATCH = 32
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer as a ``transformers`` tokenizer (saved with the model)."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *CHARACTERS])}
+    core = FastTokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS
+    )
+
+
+class TextTokenizer:
+    """:class:`astraflow.contracts.Tokenizer` over a saved ``tokenizer.json``.
+
+    Uses the ``tokenizers`` library directly, so workflows tokenize without torch.
+    ``encode`` adds no special tokens; ``decode`` drops them.
+    """
+
+    def __init__(self, core: FastTokenizer) -> None:
+        self._core = core
+        vocab = core.get_vocab()
+        self.pad_token_id: int = vocab[PAD]
+        self.bos_token_id: int = vocab[BOS]
+        self.eos_token_id: int = vocab[EOS]
+        self._known = {tok for tok in vocab if tok not in SPECIALS}
+        self.vocab_size: int = len(vocab)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted({ch for ch in text if ch not in self._known})
+        if unknown:
+            raise ValueError(
+                f"characters {unknown!r} are not in the tiny tokenizer's vocabulary {CHARACTERS!r}"
+            )
+        return self._core.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._core.decode(list(ids), skip_special_tokens=True)
+
+
+def load_tokenizer(model_dir: str | os.PathLike[str]) -> TextTokenizer:
+    """The tokenizer saved next to a model made by :func:`make_tiny_model`."""
+    return TextTokenizer(FastTokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
+
+
+def _llama_config(model_cfg: ModelConfig, vocab_size: int) -> Any:
+    from transformers import LlamaConfig
+
+    if model_cfg.hidden_size % model_cfg.num_heads:
+        raise ValueError(
+            f"model.hidden_size={model_cfg.hidden_size} is not divisible by "
+            f"model.num_heads={model_cfg.num_heads}"
+        )
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_heads,
+        head_dim=model_cfg.hidden_size // model_cfg.num_heads,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        tie_word_embeddings=False,
+        pad_token_id=SPECIALS.index(PAD),
+        bos_token_id=SPECIALS.index(BOS),
+        eos_token_id=SPECIALS.index(EOS),
+    )
+
+
+def _fingerprint(model_cfg: ModelConfig, seed: int, tasks: Sequence[Task]) -> dict[str, Any]:
+    arch = {k: v for k, v in asdict(model_cfg).items() if k != "path"}
+    pairs = [[t.prompt, t.answer or ""] for t in tasks] if model_cfg.warmstart_steps else []
+    digest = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
+    return {
+        "format": _FORMAT,
+        "model": arch,
+        "seed": seed,
+        "characters": CHARACTERS,
+        "warmstart": {"lr": _WARMSTART_LR, "batch": _WARMSTART_BATCH, "tasks_sha256": digest},
+    }
+
+
+def _stamp_matches(out_dir: Path, fingerprint: dict[str, Any]) -> bool:
+    try:
+        return json.loads((out_dir / _STAMP).read_text()) == fingerprint
+    except (OSError, ValueError):
+        return False
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike[str],
+    model_cfg: ModelConfig,
+    seed: int,
+    warmstart_tasks: Sequence[Task] | None = None,
+) -> str:
+    """Build (or reuse) a tiny model in ``out_dir``; returns the directory.
+
+    Random init with ``seed``, then ``model_cfg.warmstart_steps`` supervised steps on
+    ``warmstart_tasks`` (prompt -> answer + <eos>) so RL starts from a weak policy
+    that sometimes answers right instead of one that never does. The same config,
+    seed and tasks always give the same weights; a directory already holding them is
+    reused. The model is written to a temporary sibling and renamed into place, so
+    concurrent callers never see a half-written model.
+    """
+    out = Path(out_dir)
+    tasks = list(warmstart_tasks or [])
+    if model_cfg.warmstart_steps and not tasks:
+        raise ValueError(
+            f"model.warmstart_steps={model_cfg.warmstart_steps} needs warmstart_tasks; "
+            "pass the training tasks or set model.warmstart_steps=0"
+        )
+    fingerprint = _fingerprint(model_cfg, seed, tasks)
+    if _stamp_matches(out, fingerprint):
+        return str(out)
+    if out.exists() and any(out.iterdir()) and not (out / _STAMP).exists():
+        raise FileExistsError(f"{out} holds files but no tiny model; refusing to replace them")
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    hf_tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_llama_config(model_cfg, len(hf_tokenizer))).float()
+    if model_cfg.warmstart_steps:
+        _warmstart(model, TextTokenizer(hf_tokenizer.backend_tokenizer), tasks, model_cfg, seed)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        hf_tokenizer.save_pretrained(tmp)
+        (tmp / _STAMP).write_text(json.dumps(fingerprint, indent=2))
+        if not _stamp_matches(out, fingerprint):  # else a concurrent caller finished first
+            if out.exists():
+                shutil.rmtree(out)  # a stale tiny model (different config or seed)
+            os.replace(tmp, out)
+    except OSError:
+        if not _stamp_matches(out, fingerprint):  # unless a concurrent caller won the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
+
+
+def _warmstart(
+    model: Any, tokenizer: TextTokenizer, tasks: list[Task], model_cfg: ModelConfig, seed: int
+) -> None:
+    """Supervised steps on answer + <eos> tokens only (the prompt is context)."""
+    import torch
+
+    from astraflow.rl.losses import token_logprobs
+
+    examples = []
+    for task in tasks:
+        prompt = tokenizer.encode(task.prompt)
+        target = [*tokenizer.encode(task.answer or ""), tokenizer.eos_token_id]
+        examples.append((prompt + target, [0] * len(prompt) + [1] * len(target)))
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=_WARMSTART_LR, weight_decay=0.0)
+    model.train()
+    for _ in range(model_cfg.warmstart_steps):
+        chosen = [examples[rng.randrange(len(examples))] for _ in range(_WARMSTART_BATCH)]
+        width = max(len(ids) for ids, _ in chosen)
+        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s, _ in chosen])
+        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chosen], dtype=torch.float32)
+        logp = token_logprobs(model(input_ids=ids).logits, ids)
+        loss = -(logp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()

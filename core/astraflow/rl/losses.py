@@ -1,0 +1,137 @@
+"""Per-token policy losses shared by every trainer backend (imports torch).
+
+Tensors are ``[B, T]`` and aligned with the token ids: entry ``i`` concerns
+``token_i`` given ``tokens_<i``. ``mask`` is 1 on trained tokens. Masked-out entries
+never reach the loss or its gradient, whatever garbage they hold, so a trainer can
+pass padding and other policies' tokens through unchanged.
+
+Every loss is a token mean over the *whole* batch: a backend that accumulates
+gradients over micro-batches passes the batch's trained-token count as
+``num_tokens``, and the sum of the micro-batch losses is then exactly the loss of the
+whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: M2PO's bound on the second moment of the log importance ratio
+M2PO_TAU = 0.01
+_M2PO_MAX_EPS_LOW = 0.95
+_M2PO_MAX_EPS_HIGH = 20.0
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log p(token_i | tokens_<i) from causal-LM logits; column 0 is 0.0.
+
+    Gathers the target logit and subtracts a logsumexp instead of materialising a
+    full log-softmax: one float32 ``[B, T, V]`` temporary at most.
+    """
+    shifted = logits[:, :-1].float()
+    targets = tokens[:, 1:].unsqueeze(-1)
+    logp = shifted.gather(-1, targets).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
+    return torch.nn.functional.pad(logp, (1, 0), value=0.0)
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the distribution each token was predicted from; column 0 is 0.0."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return torch.nn.functional.pad(entropy, (1, 0), value=0.0)
+
+
+@dataclass
+class PolicyLoss:
+    """The loss to backpropagate and detached per-token *sums* for metrics.
+
+    Sums (not means) so a backend can add them over micro-batches and divide once.
+    """
+
+    loss: Tensor
+    clipped_tokens: Tensor
+    ratio_sum: Tensor
+    kl_sum: Tensor
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip: tuple[float, float] | None,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.0,
+    num_tokens: float | None = None,
+) -> PolicyLoss:
+    """PPO-clip / GRPO objective with an optional k3 KL penalty, as a loss to minimise.
+
+    ``ratio = exp(logp - old_logp)`` against the behaviour log-probs. With ``clip =
+    (eps_low, eps_high)`` the per-token loss is ``-min(ratio * A, clip(ratio, 1 -
+    eps_low, 1 + eps_high) * A)``; with ``clip=None`` it is the unclipped ``-ratio *
+    A`` (M2PO when the batch is inside its trust region). ``advantages`` broadcasts
+    to ``[B, T]`` (``[B, 1]`` for one advantage per sequence). The KL term is the k3
+    estimator ``exp(ref - logp) - (ref - logp) - 1`` against ``ref_logp``.
+    """
+    trained = mask.bool()
+    count = float(trained.sum()) if num_tokens is None else float(num_tokens)
+    advantages = advantages.expand_as(logp)
+    log_ratio = torch.where(trained, logp - old_logp, 0.0)
+    ratio = log_ratio.exp()
+    per_token = -advantages * ratio
+    clipped = torch.zeros_like(trained)
+    if clip is not None:
+        eps_low, eps_high = clip
+        bounded = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+        clipped = trained & (bounded > per_token)
+        per_token = torch.maximum(per_token, bounded)
+    kl_sum = logp.new_zeros(())
+    if ref_logp is not None and kl_coef:
+        ref_delta = torch.where(trained, ref_logp - logp, 0.0)
+        kl = ref_delta.exp() - ref_delta - 1.0
+        per_token = per_token + kl_coef * kl
+        kl_sum = torch.where(trained, kl, 0.0).sum().detach()
+    loss = torch.where(trained, per_token, 0.0).sum() / max(count, 1.0)
+    return PolicyLoss(
+        loss=loss,
+        clipped_tokens=clipped.sum().detach(),
+        ratio_sum=torch.where(trained, ratio, 0.0).sum().detach(),
+        kl_sum=kl_sum,
+    )
+
+
+@torch.no_grad()
+def m2po_clip(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, tau: float = M2PO_TAU
+) -> tuple[float, float] | None:
+    """M2PO's clip bounds from the second moment of the log ratio over the whole batch.
+
+    T = trained tokens whose ratio moves in the direction their advantage rewards
+    (A > 0 and ratio > 1, or A < 0 and ratio < 1); m2 = (logp_old - logp)^2. If T is
+    empty or mean(m2 over T) <= tau there is no clipping (``None``). Otherwise sort
+    m2 over T descending and take the first j with mean(sorted[j:]) < tau: dropping
+    the j largest brings the second moment under tau, and t = sqrt(sorted[j]) gives
+    ``(min(1 - exp(-t), 0.95), min(exp(t) - 1, 20))``. When no suffix gets under tau
+    (every token of T alone exceeds it) t = 0: all of T is clipped.
+
+    Pass tensors of any shape; for micro-batched training, concatenate every
+    micro-batch's flattened tensors so the bound is the batch's, not a micro-batch's.
+    """
+    trained = mask.bool()
+    advantages = advantages.expand_as(logp)
+    log_ratio = (logp - old_logp).double()
+    moves = trained & (((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0)))
+    m2 = log_ratio[moves].square()
+    if m2.numel() == 0 or float(m2.mean()) <= tau:
+        return None
+    ordered = m2.sort(descending=True).values
+    suffix_sums = ordered.flip(0).cumsum(0).flip(0)
+    suffix_means = suffix_sums / torch.arange(len(ordered), 0, -1, dtype=ordered.dtype)
+    under = torch.nonzero(suffix_means < tau)
+    t = math.sqrt(float(ordered[under[0, 0]])) if len(under) else 0.0
+    return min(1.0 - math.exp(-t), _M2PO_MAX_EPS_LOW), min(math.exp(t) - 1.0, _M2PO_MAX_EPS_HIGH)
