@@ -1,0 +1,264 @@
+"""The node side (and the trainer's HTTP upload): pull versions, verify, never trust.
+
+A node keeps one verified full copy per policy under ``local_dir/<policy>/v<version>/``.
+``sync`` follows the server's cheapest plan -- a delta chain from the local copy or a
+full snapshot -- resumes interrupted downloads with HTTP Range, retries with
+exponential backoff, and checks the rebuilt ``model.safetensors`` against the
+published sha256 before the directory is handed out. A delta chain that fails any
+check is abandoned for a full snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+import httpx
+
+from astraflow.weights import codec
+from astraflow.weights import safetensors_io as st
+from astraflow.weights._fs import atomic_file, fsync_dir, sha256_file
+from astraflow.weights.errors import CorruptError, VersionError, WeightsError
+from astraflow.weights.store import MANIFEST, MODEL_FILE, FileRef, check_policy
+
+_CHUNK = 1 << 20
+
+
+class Synced(NamedTuple):
+    version: int
+    path: Path
+
+
+class _Gone(WeightsError):
+    """A planned file disappeared (retention ran meanwhile): plan again."""
+
+
+class _Http:
+    """httpx with bearer auth, retries and exponential backoff on transient failures."""
+
+    def __init__(self, base_url: str, token: str, *, retries: int = 5, backoff: float = 0.1,
+                 max_backoff: float = 5.0, timeout: float = 30.0) -> None:
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+                                   headers={"Authorization": f"Bearer {token}"})
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+
+    def retrying(self) -> Iterator[int]:
+        """Attempt numbers, sleeping between them; the caller breaks out on success."""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+            yield attempt
+
+    def request(self, method: str, url: str, body: Path | None = None,
+                **kwargs: Any) -> httpx.Response:
+        """One request, retried; ``body`` is a file streamed afresh on every attempt."""
+        error: Exception | None = None
+        for _ in self.retrying():
+            try:
+                if body is None:
+                    response = self.client.request(method, url, **kwargs)
+                else:
+                    with open(body, "rb") as f:
+                        response = self.client.request(method, url, content=_chunks(f),
+                                                       **kwargs)
+            except httpx.TransportError as exc:
+                error = exc
+                continue
+            if response.status_code < 500:
+                return _checked(response)
+            error = WeightsError(f"{method} {url}: {response.status_code} {response.text}")
+        raise WeightsError(f"{method} {url} failed after {self.retries} retries: {error}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        if response.status_code == 404:
+            raise _Gone(f"{response.request.url.path}: {detail}")
+        raise WeightsError(f"{response.request.method} {response.request.url.path}: "
+                           f"{response.status_code} {detail}")
+    return response
+
+
+class WeightClient:
+    """What a RaaS node uses to follow a policy's weight stream."""
+
+    def __init__(self, base_url: str, token: str, local_dir: Path | str, *, retries: int = 5,
+                 backoff: float = 0.1, timeout: float = 30.0) -> None:
+        self.http = _Http(base_url, token, retries=retries, backoff=backoff, timeout=timeout)
+        self.local_dir = Path(local_dir)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> WeightClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def latest(self, policy: str) -> int | None:
+        try:
+            return self.http.request("GET", f"/v1/weights/{check_policy(policy)}").json()["latest"]
+        except _Gone:
+            return None
+
+    def local(self, policy: str) -> Synced | None:
+        """The verified local copy, if any."""
+        directory = self.local_dir / check_policy(policy)
+        found = []
+        if directory.is_dir():
+            for p in directory.iterdir():
+                if (p.name.startswith("v") and p.name[1:].isdigit()
+                        and (p / MODEL_FILE).is_file() and (p / MANIFEST).is_file()):
+                    found.append(Synced(int(p.name[1:]), p))
+        return max(found, default=None)
+
+    def sync(self, policy: str, target: int | None = None) -> Synced:
+        """Bring the local copy to ``target`` (default: newest) and return its directory."""
+        current = self.local(policy)
+        for _ in range(3):
+            have = current.version if current else None
+            try:
+                return self._sync_once(policy, current, target, have)
+            except (CorruptError, ValueError) as exc:
+                if have is None:
+                    raise CorruptError(f"{policy}: full snapshot failed verification: {exc}") \
+                        from exc
+                current = None  # broken chain: the full snapshot replaces it
+            except _Gone:
+                continue
+        raise VersionError(f"{policy}: files kept disappearing while syncing; is retention "
+                           "too aggressive?")
+
+    def _sync_once(self, policy: str, current: Synced | None, target: int | None,
+                   have: int | None) -> Synced:
+        params = {k: v for k, v in (("have", have), ("want", target)) if v is not None}
+        plan = self.http.request("GET", f"/v1/weights/{policy}/plan", params=params).json()
+        manifest, files = plan["manifest"], [FileRef.from_dict(f) for f in plan["files"]]
+        if not files:
+            assert current is not None
+            return current
+        paths = [self._download(policy, ref) for ref in files]
+        staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.local_dir / policy))
+        try:
+            if len(files) == 1 and files[0].base is None:
+                if files[0].sha256 != manifest["model_sha256"]:
+                    raise CorruptError("full snapshot digest differs from the manifest's model")
+                shutil.copyfile(paths[0], staging / MODEL_FILE)
+            else:
+                self._rebuild(current, files, paths, staging / MODEL_FILE, manifest)
+            with atomic_file(staging / MANIFEST) as f:
+                f.write(json.dumps(manifest).encode())
+            final = self.local_dir / policy / f"v{manifest['version']}"
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(staging, final)
+            fsync_dir(final.parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        for path in paths:
+            path.unlink(missing_ok=True)
+        for old in (self.local_dir / policy).iterdir():
+            if old.name.startswith("v") and old != final:
+                shutil.rmtree(old, ignore_errors=True)
+        return Synced(int(manifest["version"]), final)
+
+    def _rebuild(self, current: Synced | None, files: list[FileRef], paths: list[Path],
+                 out: Path, manifest: dict[str, Any]) -> None:
+        if files[0].base is None:
+            tensors, _ = st.load(paths[0])
+            version, deltas = files[0].version, list(zip(files[1:], paths[1:], strict=True))
+        else:
+            if current is None or files[0].base != current.version:
+                raise CorruptError("delta plan does not start from the local version")
+            tensors, _ = st.load(current.path / MODEL_FILE)
+            version, deltas = current.version, list(zip(files, paths, strict=True))
+        for ref, path in deltas:
+            delta = codec.load_delta_file(path)
+            if delta.base_version != version or delta.target_version != ref.version:
+                raise CorruptError(f"delta {path.name} goes {delta.base_version}->"
+                                   f"{delta.target_version}, expected {version}->{ref.version}")
+            codec.apply_delta_file(tensors, delta)
+            version = ref.version
+        info = st.save(out, tensors)
+        if info.sha256 != manifest["model_sha256"]:
+            raise CorruptError(f"rebuilt v{version} has sha256 {info.sha256}, the trainer "
+                               f"published {manifest['model_sha256']}")
+
+    def _download(self, policy: str, ref: FileRef) -> Path:
+        """A verified local file for ``ref``, resuming a partial download if one exists."""
+        folder = self.local_dir / policy / ".downloads"
+        folder.mkdir(parents=True, exist_ok=True)
+        final, part = folder / ref.sha256, folder / f"{ref.sha256}.part"
+        if final.is_file():
+            return final
+        url = f"/v1/weights/{policy}/{ref.version}/files/{ref.name}"
+        error: Exception | None = None
+        for _ in self.http.retrying():
+            offset = part.stat().st_size if part.exists() else 0
+            if offset >= ref.bytes:
+                part.unlink(missing_ok=True)
+                offset = 0
+            headers = {"Range": f"bytes={offset}-", "If-Range": f'"{ref.sha256}"'} if offset \
+                else {}
+            try:
+                with self.http.client.stream("GET", url, headers=headers) as response:
+                    if response.status_code >= 500:
+                        error = WeightsError(f"GET {url}: {response.status_code}")
+                        continue
+                    if response.status_code >= 400:
+                        response.read()
+                        _checked(response)
+                    mode = "ab" if response.status_code == 206 else "wb"
+                    with open(part, mode) as f:
+                        for chunk in response.iter_bytes():
+                            f.write(chunk)
+            except httpx.TransportError as exc:
+                error = exc
+                continue
+            if part.stat().st_size == ref.bytes and sha256_file(part) == ref.sha256:
+                os.replace(part, final)
+                return final
+            part.unlink(missing_ok=True)
+            error = CorruptError(f"{ref.name} of v{ref.version} failed sha256 verification")
+        raise WeightsError(f"downloading {url} failed: {error}")
+
+
+class HttpPublishTarget:
+    """A trainer's upload path to the data layer: PUT each file, then commit the manifest."""
+
+    def __init__(self, base_url: str, token: str, *, retries: int = 5,
+                 timeout: float = 300.0) -> None:
+        self.http = _Http(base_url, token, retries=retries, timeout=timeout)
+
+    def staging(self, policy: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"astraflow-{check_policy(policy)}-"))
+
+    def commit(self, policy: str, version: int, staging: Path) -> dict[str, Any]:
+        manifest = json.loads((staging / MANIFEST).read_bytes())
+        for name, entry in manifest["files"].items():
+            self.http.request("PUT", f"/v1/weights/{policy}/{version}/files/{name}",
+                              body=staging / name, params={"sha256": entry["sha256"]})
+        return self.http.request("POST", f"/v1/weights/{policy}/{version}/commit",
+                                 content=(staging / MANIFEST).read_bytes()).json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    while chunk := f.read(_CHUNK):
+        yield chunk

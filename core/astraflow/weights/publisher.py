@@ -1,0 +1,71 @@
+"""The trainer side: turn each exported version into a full snapshot and/or a delta.
+
+The publisher keeps the raw bits it published last, so a delta costs one pass over
+the weights and no read-back from the store. Publishing never involves nodes: it
+writes to a store (local directory, or the data layer over HTTP) and returns.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from astraflow.weights import codec
+from astraflow.weights import safetensors_io as st
+from astraflow.weights.store import build_version
+
+
+class PublishTarget(Protocol):
+    """Where versions go: a :class:`WeightStore` or an :class:`HttpPublishTarget`."""
+
+    def staging(self, policy: str) -> Path: ...
+
+    def commit(self, policy: str, version: int, staging: Path) -> dict[str, Any]: ...
+
+
+class WeightPublisher:
+    """Publishes one policy's versions; a full snapshot every ``full_every`` versions.
+
+    A delta is dropped in favour of a full snapshot when it would exceed
+    ``max_delta_fraction`` of the full size: past that point nodes gain little from it.
+    """
+
+    def __init__(self, target: PublishTarget, policy: str, *, full_every: int = 10,
+                 max_delta_fraction: float = 0.5) -> None:
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        self.target = target
+        self.policy = policy
+        self.full_every = full_every
+        self.max_delta_fraction = max_delta_fraction
+        self._previous: dict[str, st.Tensor] | None = None
+        self._previous_version: int | None = None
+        self._since_full = 0
+
+    def publish(self, version: int, tensors: Mapping[str, st.Tensor]) -> dict[str, Any]:
+        """Publish ``tensors`` as ``version``; returns the manifest the store accepted."""
+        blobs = None
+        if self._previous is not None:
+            try:
+                blobs = codec.make_delta(self._previous, tensors)
+            except ValueError:
+                blobs = None
+        full_bytes = sum(t.nbytes for t in tensors.values())
+        worth = blobs is not None and (
+            sum(len(b) for b in blobs.values()) <= self.max_delta_fraction * full_bytes)
+        full = not worth or self._since_full + 1 >= self.full_every
+        staging = self.target.staging(self.policy)
+        try:
+            build_version(staging, self.policy, version, tensors, full=full,
+                          delta_base=self._previous_version if worth else None,
+                          blobs=blobs if worth else None)
+            manifest = self.target.commit(self.policy, version, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._previous = {name: st.Tensor(t.dtype, t.shape, t.data.copy())
+                          for name, t in tensors.items()}
+        self._previous_version = version
+        self._since_full = 0 if full else self._since_full + 1
+        return manifest
