@@ -80,6 +80,11 @@ def cmd_run(argv: list[str]) -> int:
     return run(cfg)
 
 
+def _load_subcommands() -> None:
+    """Modules that register further subcommands (imported lazily: cheap)."""
+    import astraflow.launch.components  # noqa: F401
+
+
 @command("dataflow")
 def cmd_dataflow(argv: list[str]) -> int:
     """Start the data layer service alone."""
@@ -89,6 +94,7 @@ def cmd_dataflow(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _load_subcommands()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)

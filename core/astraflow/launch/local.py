@@ -1,10 +1,26 @@
-"""The local launcher: every component as a subprocess of ``python -m astraflow``."""
+"""The local launcher: data layer, RaaS nodes, one trainer and one evaluator per policy,
+each a subprocess of ``python -m astraflow``; live progress; a run directory.
+"""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import httpx
+from omegaconf import DictConfig, OmegaConf
+
+from astraflow.components import policy_names
+from astraflow.config import ModelConfig
+from astraflow.launch.report import write_report
 from astraflow.plugins import get_registry
+from astraflow.security import TOKEN_ENV, resolve_token
 
 
 def check_selection(cfg: DictConfig) -> None:
@@ -14,6 +30,143 @@ def check_selection(cfg: DictConfig) -> None:
     registry.get("trainer_backend", cfg.trainer.name).load()
 
 
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class LocalRun:
+    cfg: DictConfig
+    run_dir: Path
+    token: str
+    children: dict[str, Child] = field(default_factory=dict)
+    url: str = ""
+
+    def spawn(self, name: str, *args: str) -> Child:
+        log = self.run_dir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **{TOKEN_ENV: self.token})
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with log.open("ab") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        child = Child(name, proc, log)
+        self.children[name] = child
+        return child
+
+    def start_dataflow(self) -> None:
+        store = self.run_dir / "store"
+        url_file = store / "url"
+        url_file.unlink(missing_ok=True)
+        child = self.spawn("dataflow", "dataflow", "--host", self.cfg.dataflow.host,
+                           "--port", str(self.cfg.dataflow.port), "--store", str(store),
+                           "--config", str(self.run_dir / "config.yaml"))
+        deadline = time.time() + 120
+        while not url_file.exists():
+            if child.proc.poll() is not None:
+                raise RuntimeError(f"the data layer exited; see {child.log}")
+            if time.time() > deadline:
+                raise TimeoutError(f"the data layer did not start; see {child.log}")
+            time.sleep(0.1)
+        self.url = url_file.read_text().strip()
+
+    def component_args(self) -> list[str]:
+        return ["--connect", self.url, "--config", str(self.run_dir / "config.yaml"),
+                "--work-dir", str(self.run_dir)]
+
+    def start_components(self) -> None:
+        metrics = self.run_dir / "metrics"
+        for policy in policy_names(self.cfg):
+            self.spawn(f"trainer-{policy}", "train", *self.component_args(), "--policy", policy,
+                       "--metrics", str(metrics / f"train-{policy}.jsonl"))
+            self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
+                       "--metrics", str(metrics / f"eval-{policy}.jsonl"),
+                       "--done-marker", str(self.run_dir / "final" / policy / "config.json"))
+        for i in range(self.cfg.num_nodes):
+            self.spawn(f"raas-{i}", "raas", *self.component_args(), "--name", f"node-{i}")
+
+    def status(self) -> dict[str, Any]:
+        try:
+            resp = httpx.get(f"{self.url}/v1/status", timeout=2.0,
+                             headers={"Authorization": f"Bearer {self.token}"})
+            return resp.json() if resp.status_code == 200 else {}
+        except httpx.HTTPError:
+            return {}
+
+    def failed(self) -> list[Child]:
+        return [c for c in self.children.values()
+                if c.proc.poll() not in (None, 0)]
+
+    def stop(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
+        chosen = [self.children[n] for n in (names or list(self.children)) if n in self.children]
+        for child in chosen:
+            if child.proc.poll() is None:
+                child.proc.terminate()
+        deadline = time.time() + timeout
+        for child in chosen:
+            try:
+                child.proc.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+
+def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
+    """Resolve the run directory and the model, and write the resolved config."""
+    run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg.run_dir = str(run_dir)
+    if cfg.model.path is None:
+        from astraflow.models.tiny import make_tiny_model
+
+        tasks = list(get_registry().get("task", cfg.task.name).create(cfg.task).train_tasks())
+        cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+        out = cache / "models" / f"tiny-{cfg.task.name}-seed{cfg.seed}"
+        model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                                        cfg.model))
+        cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
+                                         warmstart_tasks=tasks)
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+    return cfg, run_dir
+
+
 def run(cfg: DictConfig) -> int:
+    from astraflow.launch.progress import Progress
+
     check_selection(cfg)
-    raise NotImplementedError("the local launcher arrives with the end-to-end issue")
+    started = time.time()
+    cfg, run_dir = prepare(cfg)
+    job = LocalRun(cfg, run_dir, resolve_token())
+    progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
+    print(f"astraflow: run directory {run_dir}", file=sys.stderr)
+    try:
+        job.start_dataflow()
+        job.start_components()
+        learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
+        with progress:
+            while any(job.children[n].proc.poll() is None for n in learners):
+                failed = job.failed()
+                if failed:
+                    names = ", ".join(f"{c.name} (log: {c.log})" for c in failed)
+                    raise RuntimeError(f"a component failed: {names}")
+                progress.update(job.status())
+                time.sleep(0.5)
+            progress.update(job.status())
+        final_status = job.status()
+    except KeyboardInterrupt:
+        print("astraflow: interrupted; stopping every component", file=sys.stderr)
+        job.stop()
+        return 130
+    except RuntimeError as exc:
+        print(f"astraflow: error: {exc}", file=sys.stderr)
+        job.stop()
+        return 1
+    job.stop([n for n in job.children if n.startswith("raas-")])
+    job.stop()
+    summary = write_report(cfg, run_dir, final_status, time.time() - started)
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,49 @@
+"""What every component builds from the run config: workflow, roles, backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from astraflow.errors import ConfigError
+from astraflow.plugins import get_registry
+
+
+def load_config(path: str) -> DictConfig:
+    """A resolved run config as written by the launcher (``run_dir/config.yaml``)."""
+    return OmegaConf.load(path)
+
+
+def policy_names(cfg: DictConfig) -> list[str]:
+    return list(cfg.policies)
+
+
+def build_workflow(cfg: DictConfig, tokenizer: Any):
+    """The workflow and its reward, built through the registry."""
+    registry = get_registry()
+    reward = registry.get("reward", cfg.task.reward).create()
+    workflow = registry.get("workflow", cfg.workflow.name).create(cfg.workflow, tokenizer, reward)
+    return workflow
+
+
+def role_map(cfg: DictConfig, roles: tuple[str, ...]) -> dict[str, str]:
+    """Workflow role -> policy name: by name, or the single policy for a single role."""
+    names = policy_names(cfg)
+    if all(role in names for role in roles):
+        return {role: role for role in roles}
+    if len(roles) == 1 and len(names) == 1:
+        return {roles[0]: names[0]}
+    raise ConfigError(
+        f"workflow={cfg.workflow.name} needs policies {list(roles)} but the config defines "
+        f"{names}; set policies to those names"
+    )
+
+
+def trainer_settings(cfg: DictConfig, policy: str) -> DictConfig:
+    """The trainer config with this policy's overrides applied."""
+    trainer = OmegaConf.create(OmegaConf.to_container(cfg.trainer, resolve=True))
+    lr = cfg.policies[policy].get("lr")
+    if lr is not None and "lr" in trainer:
+        trainer.lr = lr
+    return trainer

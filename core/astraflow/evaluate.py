@@ -1,0 +1,89 @@
+"""Held-out evaluation: a client of the weights interface only.
+
+The evaluator follows a policy's weight stream, and scores the task's eval split with
+its own engine at temperature 0 whenever the policy has advanced ``eval_every``
+versions, and always at version 0 and at the final version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from astraflow.components import build_workflow, role_map
+from astraflow.plugins import get_registry
+from astraflow.raas.node import EnginePolicy
+
+log = logging.getLogger("astraflow.eval")
+
+
+class Evaluator:
+    def __init__(self, cfg: DictConfig, url: str, token: str, policy: str, work_dir: str,
+                 metrics_path: str) -> None:
+        from astraflow.weights.client import WeightClient
+
+        self.cfg, self.policy = cfg, policy
+        self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
+        self.metrics_path = Path(metrics_path)
+
+    async def evaluate(self, backend, workflow, roles, tasks) -> float:
+        from omegaconf import OmegaConf
+
+        greedy = OmegaConf.merge(workflow.config, {"temperature": 0.0})
+        workflow.config = greedy
+        defaults = {"max_new_tokens": greedy.get("max_new_tokens", 16), "temperature": 0.0}
+        handles = {role: EnginePolicy(p, backend, defaults) for role, p in roles.items()}
+        results = await asyncio.gather(*(workflow.run(t, handles, 1) for t in tasks))
+        mine = [traj.reward for trajs in results for traj in trajs
+                if roles.get(traj.policy, traj.policy) == self.policy]
+        return sum(mine) / max(len(mine), 1)
+
+    async def run(self, done_marker: str) -> None:
+        """Evaluate version 0, then every ``eval_every`` versions, then the final one.
+
+        The run is over for this policy once ``done_marker`` exists (the trainer writes
+        its final weights after publishing its last version).
+        """
+        from astraflow.models.tiny import load_tokenizer
+
+        cfg = self.cfg
+        tokenizer = load_tokenizer(cfg.model.path)
+        workflow = build_workflow(cfg, tokenizer)
+        roles = role_map(cfg, workflow.roles)
+        tasks = get_registry().get("task", cfg.task.name).create(cfg.task).eval_tasks()
+        backend = get_registry().get("rollout_backend", cfg.raas.name).create(
+            cfg.raas, cfg.model.path)
+        await backend.start()
+        try:
+            last = 0
+            self._log(0, await self.evaluate(backend, workflow, roles, tasks))
+            while True:
+                done = os.path.exists(done_marker)
+                latest = await asyncio.to_thread(self.weights.latest, self.policy)
+                if latest is not None and latest > last and (
+                        done or latest - last >= cfg.eval_every):
+                    version, path = await asyncio.to_thread(self.weights.sync, self.policy,
+                                                            latest)
+                    await backend.load_weights(str(path), version)
+                    self._log(version, await self.evaluate(backend, workflow, roles, tasks))
+                    last = version
+                elif done:
+                    return
+                else:
+                    await asyncio.sleep(0.5)
+        finally:
+            await backend.shutdown()
+
+    def _log(self, version: int, accuracy: float) -> None:
+        record = {"kind": "eval", "policy": self.policy, "version": version,
+                  "eval_accuracy": accuracy, "time": time.time()}
+        log.info("eval %s v%d: accuracy %.3f", self.policy, version, accuracy)
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")

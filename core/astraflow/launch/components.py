@@ -1,0 +1,101 @@
+"""``astraflow raas``, ``astraflow train`` and ``astraflow eval``: one component alone.
+
+Each connects to a data layer by URL (token from ``ASTRAFLOW_TOKEN``), so it can run
+on this machine or join a running job from another one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+from astraflow.cli import command
+from astraflow.components import load_config
+from astraflow.security import TOKEN_ENV
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect", required=True, metavar="URL", help="data layer URL")
+    parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
+    parser.add_argument("--work-dir", default=".", help="where local state is kept")
+
+
+def _token() -> str:
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise SystemExit(f"astraflow: set {TOKEN_ENV} to the data layer's token")
+    return token
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+@command("raas")
+def cmd_raas(argv: list[str]) -> int:
+    """Run a RaaS node: lease tasks, run workflows, push trajectories, pull weights."""
+    from astraflow.raas.node import NodeOptions, RaaSNode
+
+    parser = argparse.ArgumentParser(prog="astraflow raas", description=cmd_raas.__doc__)
+    _common(parser)
+    parser.add_argument("--pool", default="default")
+    parser.add_argument("--region", default="local")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    _logging()
+    cfg = load_config(args.config)
+    options = NodeOptions(pool=args.pool, region=args.region, concurrency=args.concurrency)
+
+    async def main() -> None:
+        stop = _stop_on_signals(asyncio.get_running_loop())
+        node = RaaSNode(cfg, args.connect, _token(), args.work_dir, options, args.name)
+        await node.run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+@command("train")
+def cmd_train(argv: list[str]) -> int:
+    """Run the trainer of one policy: pull batches, train, publish weights."""
+    from astraflow.trainer.runtime import TrainerRuntime
+
+    parser = argparse.ArgumentParser(prog="astraflow train", description=cmd_train.__doc__)
+    _common(parser)
+    parser.add_argument("--policy", required=True)
+    parser.add_argument("--metrics", default=None, help="JSONL file for per-step metrics")
+    args = parser.parse_args(argv)
+    _logging()
+    cfg = load_config(args.config)
+    TrainerRuntime(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics).run()
+    return 0
+
+
+@command("eval")
+def cmd_eval(argv: list[str]) -> int:
+    """Follow one policy's weight stream and score the held-out split."""
+    from astraflow.evaluate import Evaluator
+
+    parser = argparse.ArgumentParser(prog="astraflow eval", description=cmd_eval.__doc__)
+    _common(parser)
+    parser.add_argument("--policy", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--done-marker", required=True,
+                        help="a path that appears when the policy's trainer has finished")
+    args = parser.parse_args(argv)
+    _logging()
+    cfg = load_config(args.config)
+    evaluator = Evaluator(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics)
+    asyncio.run(evaluator.run(args.done_marker))
+    return 0

@@ -1,0 +1,80 @@
+"""What a finished run leaves behind: metrics.jsonl, TensorBoard events, a plot and
+summary.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from astraflow.components import policy_names
+from astraflow.launch.metrics import by_policy, read_records
+
+
+def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
+                 wall_seconds: float) -> dict[str, Any]:
+    records = read_records(run_dir)
+    with (run_dir / "metrics.jsonl").open("w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    train, evals = by_policy(records, "train"), by_policy(records, "eval")
+    _tensorboard(run_dir, train, evals)
+    _plot(run_dir, train, evals)
+    counts = status.get("policies", {})
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "wall_seconds": wall_seconds,
+                               "policies": {}}
+    for policy in policy_names(cfg):
+        ev = sorted(evals.get(policy, []), key=lambda r: r["version"])
+        tr = train.get(policy, [])
+        summary["policies"][policy] = {
+            "start_eval_accuracy": ev[0]["eval_accuracy"] if ev else None,
+            "final_eval_accuracy": ev[-1]["eval_accuracy"] if ev else None,
+            "final_version": ev[-1]["version"] if ev else None,
+            "steps": max((r["step"] for r in tr), default=0),
+            "trajectories_generated": counts.get(policy, {}).get("accepted"),
+            "trajectories_trained": sum(r["batch_size"] for r in tr),
+            "wall_seconds": wall_seconds,
+        }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _tensorboard(run_dir: Path, train: dict, evals: dict) -> None:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    for policy, recs in train.items():
+        for rec in recs:
+            for key, value in rec.items():
+                if isinstance(value, int | float) and key not in ("step", "time"):
+                    writer.add_scalar(f"{policy}/train/{key}", value, rec["step"])
+    for policy, recs in evals.items():
+        for rec in recs:
+            writer.add_scalar(f"{policy}/eval/accuracy", rec["eval_accuracy"], rec["version"])
+    writer.close()
+
+
+def _plot(run_dir: Path, train: dict, evals: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    for policy, recs in train.items():
+        ax_r.plot([r["step"] for r in recs], [r["reward_mean"] for r in recs], label=policy)
+    for policy, recs in evals.items():
+        recs = sorted(recs, key=lambda r: r["version"])
+        ax_e.plot([r["version"] for r in recs], [r["eval_accuracy"] for r in recs],
+                  marker="o", label=policy)
+    ax_r.set(title="training reward (batch mean)", xlabel="step", ylabel="reward")
+    ax_e.set(title="held-out accuracy (greedy)", xlabel="policy version", ylabel="accuracy",
+             ylim=(0, 1))
+    for ax in (ax_r, ax_e):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(run_dir / "reward.png", dpi=100)
+    plt.close(fig)

@@ -1,0 +1,183 @@
+"""The RaaS node runtime: lease tasks, run workflows, push trajectories, refresh weights.
+
+The node owns the loop; a rollout backend only wraps an engine. Everything is pull:
+the node calls the data layer, never the other way round, so a node can join from
+anywhere with one URL and leave at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from astraflow.components import build_workflow, policy_names, role_map
+from astraflow.contracts import RolloutBackend
+from astraflow.plugins import get_registry
+from astraflow.types import Generation, GenerationRequest
+
+log = logging.getLogger("astraflow.raas")
+
+
+@dataclass
+class NodeOptions:
+    pool: str = "default"
+    region: str = "local"
+    concurrency: int = 16  # tasks in flight
+    refresh_interval: float = 0.5  # seconds between checks for newer weights
+    heartbeat_interval: float = 2.0
+
+
+class EnginePolicy:
+    """A policy handle for workflows: token-level generation on this node's engine."""
+
+    def __init__(self, name: str, backend: RolloutBackend, defaults: dict[str, Any]) -> None:
+        self.name = name
+        self.backend = backend
+        self.defaults = defaults
+
+    async def generate(self, prompt_ids: list[int], *, n: int = 1,
+                       max_new_tokens: int | None = None, temperature: float | None = None,
+                       stop_token_ids: list[int] | None = None) -> list[Generation]:
+        request = GenerationRequest(
+            prompt_ids=list(prompt_ids), n=n,
+            max_new_tokens=max_new_tokens or self.defaults.get("max_new_tokens", 16),
+            temperature=self.defaults.get("temperature", 1.0) if temperature is None
+            else temperature,
+            stop_token_ids=list(stop_token_ids or []),
+        )
+        return await self.backend.generate(request)
+
+
+class RaaSNode:
+    def __init__(self, cfg: DictConfig, url: str, token: str, work_dir: str,
+                 options: NodeOptions | None = None, node_name: str | None = None) -> None:
+        from astraflow.dataflow.client import AsyncDataflowClient
+        from astraflow.weights.client import WeightClient
+
+        self.cfg = cfg
+        self.options = options or NodeOptions()
+        self.name = node_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.client = AsyncDataflowClient(url, token)
+        self.weights = WeightClient(url, token, os.path.join(work_dir, "weights"))
+        self.backends: dict[str, RolloutBackend] = {}
+        self.node_id: str | None = None
+        self.completed = 0
+        self._refresh_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        from astraflow.models.tiny import load_tokenizer
+
+        model_path = self.cfg.model.path
+        self.tokenizer = load_tokenizer(model_path)
+        self.workflow = build_workflow(self.cfg, self.tokenizer)
+        self.roles = role_map(self.cfg, self.workflow.roles)
+        entry = get_registry().get("rollout_backend", self.cfg.raas.name)
+        for policy in policy_names(self.cfg):
+            backend = entry.create(self.cfg.raas, model_path)
+            await backend.start()
+            self.backends[policy] = backend
+        # a node that joins late catches up before it serves
+        await self.refresh(wait_for_first=True)
+        self.node_id = await self.client.register(
+            "raas", pool=self.options.pool, region=self.options.region,
+            policies=policy_names(self.cfg), capacity=self.options.concurrency,
+            node_id=f"raas-{self.name}",
+        )
+        log.info("node %s registered as %s", self.name, self.node_id)
+
+    async def refresh(self, wait_for_first: bool = False) -> None:
+        """Load every policy's newest weights that this node does not have yet."""
+        async with self._refresh_lock:
+            for policy, backend in self.backends.items():
+                latest = await asyncio.to_thread(self.weights.latest, policy)
+                while latest is None and wait_for_first:
+                    await asyncio.sleep(self.options.refresh_interval)
+                    latest = await asyncio.to_thread(self.weights.latest, policy)
+                if latest is None or latest <= backend.version:
+                    continue
+                version, path = await asyncio.to_thread(self.weights.sync, policy, latest)
+                await backend.pause()
+                try:
+                    await backend.load_weights(str(path), version)
+                finally:
+                    await backend.resume()
+                log.info("node %s: %s now at version %d", self.name, policy, version)
+
+    def policy_handles(self) -> dict[str, EnginePolicy]:
+        defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),
+                    "temperature": self.cfg.workflow.get("temperature", 1.0)}
+        return {role: EnginePolicy(policy, self.backends[policy], defaults)
+                for role, policy in self.roles.items()}
+
+    async def _run_lease(self, lease: Any) -> None:
+        task = lease.task
+        task.metadata["group_id"] = lease.lease_id
+        started = time.time()
+        trajectories = await self.workflow.run(task, self.policy_handles(), lease.group_size)
+        for traj in trajectories:
+            traj.policy = self.roles.get(traj.policy, traj.policy)
+            traj.metadata.update(node=self.name, pool=self.options.pool,
+                                 region=self.options.region, started_at=started,
+                                 finished_at=time.time())
+        await self.client.submit(lease, trajectories)
+        self.completed += 1
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.client.heartbeat(self.node_id)
+            await _wait(stop, self.options.heartbeat_interval)
+
+    async def _refreshes(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.refresh()
+            await _wait(stop, self.options.refresh_interval)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.start()
+        side = [asyncio.create_task(self._heartbeats(stop)),
+                asyncio.create_task(self._refreshes(stop))]
+        running: set[asyncio.Task] = set()
+        try:
+            while not stop.is_set():
+                free = self.options.concurrency - len(running)
+                versions = {p: b.version for p, b in self.backends.items()}
+                leases = (await self.client.lease_tasks(self.node_id, max_tasks=free,
+                                                        versions=versions) if free else [])
+                for lease in leases:
+                    running.add(asyncio.create_task(self._run_lease(lease)))
+                if not running:
+                    await _wait(stop, 0.2)
+                    continue
+                done, running = await asyncio.wait(running, timeout=0.5,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t.exception() is not None:
+                        log.error("rollout failed: %r", t.exception())
+            # a leaving node finishes what it leased
+            if running:
+                await asyncio.wait(running)
+        finally:
+            for t in side:
+                t.cancel()
+            if self.node_id is not None:
+                try:
+                    await self.client.leave(self.node_id)
+                except Exception as exc:  # leaving is best-effort: leases expire anyway
+                    log.warning("leave failed: %r", exc)
+            for backend in self.backends.values():
+                await backend.shutdown()
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

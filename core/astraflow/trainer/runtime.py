@@ -1,0 +1,132 @@
+"""The trainer runtime: pull a batch -> train step -> publish weights -> acknowledge.
+
+To a trainer, AstraFlow is a streaming corpus plus a weight publication target. The
+runtime checkpoints before it acknowledges, so a trainer killed at any point resumes
+from its checkpoint and every batch it had not acknowledged is served again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from astraflow.components import trainer_settings
+from astraflow.plugins import get_registry
+
+log = logging.getLogger("astraflow.trainer")
+
+
+class TrainerRuntime:
+    def __init__(self, cfg: DictConfig, url: str, token: str, policy: str, work_dir: str,
+                 metrics_path: str | None = None) -> None:
+        from astraflow.dataflow.client import DataflowClient
+
+        self.cfg = cfg
+        self.policy = policy
+        self.url, self.token = url, token
+        self.client = DataflowClient(url, token)
+        self.work_dir = Path(work_dir)
+        self.ckpt_dir = self.work_dir / "checkpoints" / policy
+        self.metrics_path = Path(metrics_path or self.work_dir / f"metrics-{policy}.jsonl")
+        self.version = 0
+        self.step = 0
+
+    def _build(self) -> Any:
+        entry = get_registry().get("trainer_backend", self.cfg.trainer.name)
+        return entry.create(trainer_settings(self.cfg, self.policy), self.cfg.model.path)
+
+    def _publish(self, publisher: Any, version: int, backend: Any) -> None:
+        from astraflow.weights.safetensors_io import from_torch
+
+        tensors = {name: from_torch(t) for name, t in backend.export_weights().items()}
+        publisher.publish(version, tensors)
+
+    def _save(self, backend: Any) -> None:
+        tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
+        backend.save_checkpoint(str(tmp))
+        (tmp / "runtime.json").write_text(json.dumps({"version": self.version,
+                                                      "step": self.step}))
+        if self.ckpt_dir.exists():
+            old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
+            os.replace(self.ckpt_dir, old)
+            os.replace(tmp, self.ckpt_dir)
+            _rmtree(old)
+        else:
+            os.replace(tmp, self.ckpt_dir)
+
+    def _resume(self, backend: Any) -> bool:
+        for candidate in (self.ckpt_dir, self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")):
+            meta = candidate / "runtime.json"
+            if meta.exists():
+                backend.load_checkpoint(str(candidate))
+                state = json.loads(meta.read_text())
+                self.version, self.step = state["version"], state["step"]
+                return True
+        return False
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def run(self, steps: int | None = None) -> None:
+        steps = self.cfg.steps if steps is None else steps
+        from astraflow.weights.client import HttpPublishTarget, WeightClient
+        from astraflow.weights.publisher import WeightPublisher
+
+        backend = self._build()
+        publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy)
+        resumed = self._resume(backend)
+        with WeightClient(self.url, self.token, self.work_dir / "trainer-weights") as wc:
+            latest = wc.latest(self.policy)
+        if latest is None:
+            self._publish(publisher, self.version, backend)
+        elif latest != self.version or not resumed:
+            # the stream never goes backwards: republish what this trainer really holds
+            self.version = max(latest, self.version) + 1
+            self._publish(publisher, self.version, backend)
+        self.client.register("trainer", policies=[self.policy],
+                             node_id=f"trainer-{self.policy}")
+        log.info("trainer %s: starting at step %d, version %d", self.policy, self.step,
+                 self.version)
+        batch_size = self.cfg.batch_size
+        while self.step < steps:
+            t0 = time.time()
+            batch = self.client.get_batch(self.policy, batch_size, timeout=5.0,
+                                          trainer_id=f"trainer-{self.policy}")
+            if batch is None:
+                continue
+            t1 = time.time()
+            metrics = backend.train_step(batch)
+            self.version += 1
+            self.step += 1
+            self._publish(publisher, self.version, backend)
+            self._save(backend)
+            t2 = time.time()
+            self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
+            rewards = [item.trajectory.reward for item in batch.items]
+            staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
+            self._log({
+                **{f"train/{k}": float(v) for k, v in metrics.items()},
+                "kind": "train", "policy": self.policy, "step": self.step,
+                "version": self.version, "time": t2,
+                "reward_mean": sum(rewards) / max(len(rewards), 1),
+                "batch_size": len(batch.items), "wait_seconds": t1 - t0,
+                "step_seconds": t2 - t1, "staleness_max": max(staleness, default=0),
+            })
+        final = self.work_dir / "final" / self.policy
+        backend.save_pretrained(str(final))
+        log.info("trainer %s: done at version %d; final weights in %s", self.policy,
+                 self.version, final)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
