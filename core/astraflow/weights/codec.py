@@ -177,33 +177,17 @@ def _patch(dst: np.ndarray, words: np.ndarray, xor: np.ndarray) -> None:
 
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
                 out: np.ndarray | None = None) -> np.ndarray:
-    """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place.
-
-    With a separate ``out`` the copy and the patching run chunk by chunk, so each patch
-    lands in a cache line the copy has just written.
-    """
+    """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place."""
     decoded = decode_delta(delta)
     if decoded.n_bytes != old.nbytes:
         raise ValueError(f"delta is for {decoded.n_bytes} bytes, tensor has {old.nbytes}")
     if out is None:
-        out = np.empty_like(old, order="C")
-    if out.shape != old.shape or out.dtype != old.dtype or not out.flags.c_contiguous:
+        out = np.array(old, order="C")
+    elif out.shape != old.shape or out.dtype != old.dtype or not out.flags.c_contiguous:
         raise ValueError("out must be a C-contiguous array of the same shape and dtype as old")
-    src, dst = _raw_bytes(old), out.reshape(-1).view(np.uint8)
-    words, xor = decoded.words, decoded.xor
-    if np.shares_memory(dst, src):
-        _patch(dst, words, xor)
-        return out
-    step = _CHUNK_WORDS * 8
-    bounds = np.searchsorted(words, np.arange(_CHUNK_WORDS, src.size // 8 + _CHUNK_WORDS + 1,
-                                              _CHUNK_WORDS))
-    lo = 0
-    for start, hi in zip(range(0, src.size, step), bounds, strict=False):
-        stop = min(start + step, src.size)
-        np.copyto(dst[start:stop], src[start:stop])
-        if hi > lo:
-            _patch(dst[: stop], words[lo:hi], xor[lo:hi])
-        lo = hi
+    elif out is not old:
+        np.copyto(out, old)
+    _patch(out.reshape(-1).view(np.uint8), decoded.words, decoded.xor)
     return out
 
 
