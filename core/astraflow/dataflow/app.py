@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -93,14 +93,20 @@ def _batch_reply(request: Request, rec: BatchRec, payloads: dict[int, bytes],
     return Response(b"".join(parts), media_type=MSGPACK)
 
 
-def _weights_router(settings: DataflowSettings, service: DataflowService, auth: Any
-                    ) -> APIRouter | None:
-    """The weights subsystem's routes, when it is installed, on ``<store>/weights``."""
+def _weights_router(settings: DataflowSettings, service: DataflowService,
+                    auth: Callable[..., Any]) -> APIRouter | None:
+    """The weight store's routes (when installed) over ``<store>/weights``.
+
+    A committed version is announced to the service, so batches and admission control
+    see it without the trainer announcing it separately.
+    """
     if importlib.util.find_spec("astraflow.weights.http") is None:
         return None
     from astraflow.weights.http import weights_router
+    from astraflow.weights.store import WeightStore
 
-    return weights_router(settings.store_path / "weights", auth, service.announce_version)
+    store = WeightStore(settings.store_path / "weights")
+    return weights_router(store, auth, service.announce_version)
 
 
 def create_app(settings: DataflowSettings, token: str,
@@ -128,8 +134,8 @@ def create_app(settings: DataflowSettings, token: str,
     )
     app.state.service = service
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    auth = Depends(bearer_auth(token))
-    r = APIRouter(dependencies=[auth])
+    check_token = bearer_auth(token)
+    r = APIRouter(dependencies=[Depends(check_token)])
 
     @r.get("/v1/health")
     async def health() -> dict[str, Any]:
@@ -219,7 +225,7 @@ def create_app(settings: DataflowSettings, token: str,
         return JSONResponse(app.openapi())
 
     app.include_router(r)
-    weights = _weights_router(settings, service, auth)
+    weights = _weights_router(settings, service, check_token)
     if weights is not None:
         app.include_router(weights)
     for router in extra_routers:

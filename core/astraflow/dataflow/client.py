@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,6 +49,10 @@ class _Call:
     parse: Callable[[Any], Any] = lambda data: data
     #: issued once if the call answers 404 (e.g. re-register a retired node), then retried
     recover: _Call | None = None
+
+
+#: small requests must not wait for a delayed ACK (Nagle) between headers and body
+SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 def _retryable(status: int) -> bool:
@@ -205,7 +210,8 @@ class DataflowClient(_Api):
     def __init__(self, url: str, token: str, *, timeout: float = 30.0,
                  retry_for: float = 300.0) -> None:
         super().__init__(url, token, timeout, retry_for)
-        self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout,
+                                  transport=httpx.HTTPTransport(socket_options=SOCKET_OPTIONS))
 
     def _do(self, call: _Call) -> Any:
         give_up = time.monotonic() + self.retry_for
@@ -247,7 +253,10 @@ class AsyncDataflowClient(_Api):
     def __init__(self, url: str, token: str, *, timeout: float = 30.0,
                  retry_for: float = 300.0) -> None:
         super().__init__(url, token, timeout, retry_for)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=self.headers, timeout=timeout,
+            transport=httpx.AsyncHTTPTransport(socket_options=SOCKET_OPTIONS),
+        )
 
     async def _do(self, call: _Call) -> Any:
         give_up = time.monotonic() + self.retry_for

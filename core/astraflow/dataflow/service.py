@@ -112,6 +112,12 @@ def _typed_config(config_cls: type | None, conf: Any) -> Any:
     return conf
 
 
+def _log_failure(future: asyncio.Future) -> None:
+    """Announcements nobody awaits (weights' on_publish) must not fail silently."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("version announcement failed: %s", future.exception())
+
+
 def _label(value: str) -> str:
     """A Prometheus label value, escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -604,11 +610,11 @@ class DataflowService:
 
     async def submit(self, req: SubmitIn) -> dict[str, Any]:
         """Accept every policy's trajectories of one leased task, exactly once."""
+        checked = [check_trajectory(t, i) for i, t in enumerate(req.trajectories)]
         rec = self._lease_task(req.lease_id)
         if rec is None:
             self.counters["submissions_duplicate"] += 1
             return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
-        checked = [check_trajectory(t, i) for i, t in enumerate(req.trajectories)]
         for i, ct in enumerate(checked):
             if ct.task_id != rec.task_id:
                 raise ServiceError(
@@ -877,7 +883,9 @@ class DataflowService:
         except RuntimeError:
             running = None
         if running is self.loop:
-            return asyncio.ensure_future(self.set_version(policy, version))
+            future = asyncio.ensure_future(self.set_version(policy, version))
+            future.add_done_callback(_log_failure)
+            return future
         return asyncio.run_coroutine_threadsafe(self.set_version(policy, version),
                                                 self.loop).result()
 

@@ -1,0 +1,181 @@
+"""Per-policy buffers: staleness, admission control, order, batches, routing, filters."""
+
+from __future__ import annotations
+
+import pytest
+from dataflow_helpers import group, make_trajectory
+
+from astraflow.dataflow.client import DataflowError
+from astraflow.types import Task
+
+
+def _lease_and_submit(c, trajs_for):
+    (lease,) = c.lease_tasks()
+    return c.submit(lease, trajs_for(lease.task.task_id))
+
+
+def test_stale_trajectories_are_dropped_and_counted(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2)
+    c = connect(server)
+    c.register("raas")
+    _lease_and_submit(c, lambda t: group(t, [0.0, 1.0], version=0))
+    _lease_and_submit(c, lambda t: group(t, [1.0, 0.0], version=1))
+    assert c.status()["policies"]["policy"]["buffered"] == 4
+
+    # the trainer moves to version 2: version-0 samples are 2 > max_staleness=1 behind
+    assert c.announce_version("policy", 2)["dropped_stale"] == 2
+    # and a result generated with version 0 that arrives now is dropped on arrival
+    out = _lease_and_submit(c, lambda t: group(t, [1.0, 0.0], version=0))
+    assert out["accepted"] == 0 and out["dropped_stale"] == 2
+    st = c.status()["policies"]["policy"]
+    assert (st["buffered"], st["dropped_stale"], st["accepted"]) == (2, 4, 4)
+    batch = c.get_batch("policy", 2, timeout=1)
+    assert {i.trajectory.metadata["accepted_at"] > 0 for i in batch.items} == {True}
+    assert min(i.trajectory.min_version for i in batch.items) == 1
+    with pytest.raises(DataflowError, match="only move forward"):
+        c.announce_version("policy", 1)
+
+
+def test_admission_control_applies_backpressure(start_server, connect):
+    # batch 4, staleness 1: at most (1 + 1) * 4 = 8 samples may be queued ahead
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2,
+                          batch_size=4)
+    c = connect(server)
+    c.register("raas")
+    leases = c.lease_tasks(max_tasks=10)
+    assert len(leases) == 4
+    assert c.lease_tasks() == [] and "staleness" in c.backpressure["policy"]
+    for lease in leases:
+        c.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+    assert c.lease_tasks() == []
+    # consuming a batch makes room again
+    batch = c.get_batch("policy", 4, timeout=1)
+    c.ack_batch(batch.batch_id)
+    assert len(c.lease_tasks(max_tasks=10)) == 2
+    # a node whose weights are a version behind gets less room
+    c.announce_version("policy", 1)
+    assert c.lease_tasks(max_tasks=10, versions={"policy": 0}) == []
+
+
+def test_bounded_buffer_refuses_instead_of_dropping(start_server, connect):
+    server = start_server(policies={"policy": 100}, group_size=2, buffer_capacity=4)
+    c = connect(server, retry_for=0.3)
+    c.register("raas")
+    c.post_tasks([Task(t, "p") for t in "abc"])
+    a, b = c.lease_tasks(max_tasks=3)
+    assert c.lease_tasks() == [] and "buffer full" in c.backpressure["policy"]
+    c.submit(a, group("a", [0.0, 1.0]))
+    # a workflow that returns more samples than expected would overflow: refused, not lost
+    with pytest.raises(DataflowError) as err:
+        c.submit(b, group("b", [0.0, 1.0, 1.0]))
+    assert err.value.status == 429 and "full" in err.value.detail
+    assert c.status()["policies"]["policy"]["buffered"] == 2
+    c.ack_batch(c.get_batch("policy", 2, timeout=1).batch_id)
+    assert c.submit(b, group("b", [0.0, 1.0, 1.0]))["accepted"] == 3
+
+
+@pytest.mark.parametrize("order", ["fifo", "edf"])
+def test_fifo_and_edf_order(start_server, connect, order):
+    server = start_server(policies={"policy": 5}, order=order, group_size=1, batch_size=100)
+    c = connect(server)
+    c.register("raas")
+    c.announce_version("policy", 4)
+    c.post_tasks([Task(f"t{v}", "p") for v in (4, 2, 3)])
+    for lease in c.lease_tasks(max_tasks=3):
+        version = int(lease.task.task_id[1:])
+        c.submit(lease, [make_trajectory(lease.task.task_id, version=version)])
+    served = []
+    for _ in range(3):
+        batch = c.get_batch("policy", 1, timeout=1)
+        served.append(batch.items[0].trajectory.task_id)
+        c.ack_batch(batch.batch_id)
+    # FIFO: arrival order; EDF: the sample closest to going stale (oldest version) first
+    assert served == (["t4", "t2", "t3"] if order == "fifo" else ["t2", "t3", "t4"])
+
+
+def test_unacknowledged_batch_is_served_again_after_trainer_restart(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, group_size=4)
+    node = connect(server)
+    node.register("raas")
+    for lease in node.lease_tasks(max_tasks=2):
+        trajs = group(lease.task.task_id, [0.0, 1.0, 0.0, 1.0])
+        for k, t in enumerate(trajs):
+            t.metadata["sample"] = f"{lease.task.task_id}/{k}"
+        node.submit(lease, trajs)
+
+    def samples(batch):
+        return {i.trajectory.metadata["sample"] for i in batch.items}
+
+    trainer = connect(server)
+    first = trainer.get_batch("policy", 4, timeout=1, trainer_id="policy-0")
+    trainer.close()  # the trainer dies mid-step
+
+    restarted = connect(server)
+    again = restarted.get_batch("policy", 4, timeout=1, trainer_id="policy-0")
+    assert again.batch_id == first.batch_id and again.metadata["redelivered"]
+    assert samples(again) == samples(first) and len(samples(first)) == 4
+    assert restarted.ack_batch(again.batch_id, wait_seconds=0.1, step_seconds=1)["consumed"] == 4
+    assert restarted.ack_batch(again.batch_id)["status"] == "duplicate"
+    nxt = restarted.get_batch("policy", 4, timeout=1, trainer_id="policy-0")
+    assert nxt.batch_id != first.batch_id and not samples(nxt) & samples(first)
+    assert restarted.get_batch("policy", 4, timeout=0.2, trainer_id="policy-1") is None
+    st = restarted.status()["policies"]["policy"]
+    assert (st["consumed"], st["buffered"], st["outstanding_batches"]) == (4, 0, 1)
+
+
+def test_multi_policy_routing_with_token_masks(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, policies={"solver": 2, "verifier": 2},
+                          group_size=2)
+    c = connect(server)
+    c.register("raas", policies=["solver", "verifier"])
+    (lease,) = c.lease_tasks()
+    tid = lease.task.task_id
+    solver = [make_trajectory(tid, "solver", r, group_id="s") for r in (0.0, 1.0)]
+    # the verifier reads the solver's answer as context: those tokens are never trained
+    verifier = [make_trajectory(tid, "verifier", r, group_id="v", context="solver")
+                for r in (1.0, 1.0, 0.0)]
+    assert c.submit(lease, solver + verifier)["accepted"] == 5
+
+    s = c.get_batch("solver", 2, timeout=1)
+    v = c.get_batch("verifier", 3, timeout=1)
+    assert {i.trajectory.policy for i in s.items} == {"solver"}
+    assert {i.trajectory.policy for i in v.items} == {"verifier"}
+    for item in v.items:
+        t = item.trajectory
+        context = next(sp for sp in t.spans if sp.source == "solver")
+        assert set(t.loss_mask[context.start:context.end]) == {0}
+        assert sum(t.loss_mask) == 5
+    # advantages are normalised within each (group, policy)
+    assert sorted(round(i.advantage, 3) for i in s.items) == [-1.0, 1.0]
+    assert sorted(round(i.advantage, 3) for i in v.items) == [-1.414, 0.707, 0.707]
+    assert c.get_batch("solver", 1, timeout=0.1) is not None  # same outstanding batch
+
+
+def test_mask_on_another_policys_tokens_is_rejected(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, policies={"solver": 2, "verifier": 2})
+    c = connect(server)
+    c.register("raas")
+    (lease,) = c.lease_tasks()
+    bad = make_trajectory(lease.task.task_id, "verifier", context="solver")
+    bad.loss_mask = [1] * len(bad.tokens)
+    bad.versions = [0] * len(bad.tokens)
+    with pytest.raises(DataflowError) as err:
+        c.submit(lease, [bad])
+    assert err.value.status == 422 and "source 'prompt'" in err.value.detail
+    unknown = make_trajectory(lease.task.task_id, "critic")
+    with pytest.raises(DataflowError, match="unknown policy 'critic'"):
+        c.submit(lease, [unknown])
+    assert c.status()["trajectories"]["accepted"] == 0
+
+
+def test_dynamic_sampling_drops_equal_reward_groups(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, group_size=3,
+                          data={"dynamic_sampling": {}})
+    c = connect(server)
+    c.register("raas")
+    flat = _lease_and_submit(c, lambda t: group(t, [1.0, 1.0, 1.0]))
+    mixed = _lease_and_submit(c, lambda t: group(t, [1.0, 0.0, 1.0]))
+    assert (flat["accepted"], flat["filtered"]) == (0, 3)
+    assert (mixed["accepted"], mixed["filtered"]) == (3, 0)
+    st = c.status()
+    assert st["trajectories"]["filtered"] == 3 and st["tasks"]["completed"] == 2

@@ -1,0 +1,126 @@
+"""Task leasing: deadlines, re-issue, idempotent submission, node life cycle."""
+
+from __future__ import annotations
+
+from dataflow_helpers import group, wait_until
+
+from astraflow.types import Task
+
+
+def test_expired_lease_is_reissued_and_first_result_wins(start_server, connect):
+    server = start_server(lease_seconds=0.5, group_size=2)
+    a, b = connect(server), connect(server)
+    a.register("raas", pool="p1")
+    b.register("raas", pool="p1")
+    a.post_tasks([Task("only", "3+4=", "7")])
+    (lease,) = a.lease_tasks(max_tasks=1)
+    assert lease.group_size == 2 and lease.deadline > 0
+    assert b.lease_tasks(max_tasks=1) == []
+
+    # node a goes quiet: once the deadline passes the same task goes to node b
+    (again,) = wait_until(lambda: b.lease_tasks(max_tasks=1, wait=1.0), what="re-issue")
+    assert again.task.task_id == lease.task.task_id
+    assert again.lease_id != lease.lease_id
+    assert b.status()["tasks"]["reissued"] == 1
+
+    # the late node finishes first: its result is accepted, b's becomes a duplicate
+    task_id = lease.task.task_id
+    assert a.submit(lease, group(task_id, [0.0, 1.0]))["status"] == "accepted"
+    assert b.submit(again, group(task_id, [1.0, 1.0]))["status"] == "duplicate"
+    st = b.status()
+    assert st["tasks"]["completed"] == 1
+    assert st["trajectories"]["accepted"] == 2
+    assert st["tasks"]["duplicate_submissions"] == 1
+
+
+def test_submission_is_idempotent(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, group_size=4)
+    c = connect(server)
+    c.register("raas")
+    leases = c.lease_tasks(max_tasks=3)
+    assert len({lease.task.task_id for lease in leases}) == 3
+    for lease in leases:
+        trajs = group(lease.task.task_id, [0.0, 1.0, 0.0, 1.0])
+        assert c.submit(lease, trajs)["accepted"] == 4
+        for _ in range(3):
+            assert c.submit(lease, trajs) == {"status": "duplicate",
+                                              "task_id": lease.task.task_id}
+    st = c.status()
+    assert st["tasks"]["completed"] == 3
+    assert st["policies"]["policy"]["accepted"] == 12
+    assert st["policies"]["policy"]["buffered"] == 12
+    batch = c.get_batch("policy", 12, timeout=2)
+    assert len({(i.trajectory.task_id, i.trajectory.reward, i.advantage) for i in batch.items}) == 6
+
+
+def test_wrong_lease_and_wrong_task_are_refused(start_server, connect):
+    server = start_server(task={"name": "arithmetic"})
+    c = connect(server)
+    c.register("raas")
+    (lease,) = c.lease_tasks()
+    for bad_lease, status in ((f"{lease.task.task_id}|7", 409), ("nope|1", 404),
+                              ("no-attempt", 422)):
+        try:
+            c.submit(bad_lease, group(lease.task.task_id, [1.0]))
+        except Exception as exc:
+            assert exc.status == status and exc.detail
+        else:
+            raise AssertionError(f"{bad_lease} was accepted")
+    try:
+        c.submit(lease, group("another-task", [1.0]))
+    except Exception as exc:
+        assert exc.status == 422 and "the lease is for" in exc.detail
+    else:
+        raise AssertionError("a trajectory of another task was accepted")
+    assert c.status()["trajectories"]["accepted"] == 0
+
+
+def test_missing_heartbeats_retire_a_node_and_free_its_leases(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, heartbeat_timeout=0.4,
+                          lease_seconds=60)
+    quiet, live = connect(server), connect(server)
+    quiet.register("raas", pool="gpu", region="eu")
+    live.register("raas", pool="gpu", region="us")
+    (held,) = quiet.lease_tasks()
+
+    def retired() -> bool:
+        live.heartbeat()
+        states = {n["node_id"]: n["state"] for n in live.status()["nodes"]}
+        return states[quiet.node_id] == "retired"
+
+    wait_until(retired, what="the quiet node to be retired")
+    # its lease is re-issued long before the 60 s deadline
+    (lease,) = live.lease_tasks()
+    assert lease.task.task_id == held.task.task_id
+    assert live.status()["pools"]["gpu"]["nodes"] == 1
+    # a retired node that comes back registers again by itself on its next heartbeat
+    quiet.heartbeat()
+    assert live.status()["pools"]["gpu"]["nodes"] == 2
+
+
+def test_leaving_node_releases_leases(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, lease_seconds=60)
+    a, b = connect(server), connect(server)
+    a.register("raas")
+    b.register("raas")
+    held = {lease.task.task_id for lease in a.lease_tasks(max_tasks=2)}
+    a.leave()
+    assert {lease.task.task_id for lease in b.lease_tasks(max_tasks=2)} == held
+    try:
+        a.lease_tasks()
+    except Exception as exc:
+        assert exc.status == 404 and "register again" in exc.detail
+
+
+def test_posted_tasks_and_long_poll_for_work(start_server, connect):
+    server = start_server(lease_seconds=30)
+    c = connect(server)
+    c.register("raas")
+    assert c.lease_tasks(wait=0) == []
+    assert c.backpressure
+    out = c.post_tasks([Task("t1", "1+1=", "2"), Task("t2", "2+2=", "4")])
+    assert out == {"accepted": 2, "duplicates": []}
+    assert c.post_tasks([Task("t1", "1+1=", "2")]) == {"accepted": 0, "duplicates": ["t1"]}
+    leases = c.lease_tasks(max_tasks=5, wait=1)
+    assert [lease.task.task_id for lease in leases] == ["t1", "t2"]
+    assert c.status()["tasks"]["posted"] == 2
