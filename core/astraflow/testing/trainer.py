@@ -1,0 +1,238 @@
+"""The contract every trainer backend passes, run on the tiny local model.
+
+A backend plugin's tests subclass it::
+
+    from astraflow.testing.trainer import TrainerBackendContract
+
+    class TestMyTrainer(TrainerBackendContract):
+        backend_name = "mine"
+
+and may override the ``backend_config`` fixture. The backend is built through the
+plugin registry with its config as the runtime passes it (an OmegaConf node), so the
+suite exercises exactly what ``trainer=<name>`` selects. Imports torch: import it
+only from a backend's tests.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from astraflow.contracts import TrainerBackend
+from astraflow.models.tiny import load_tokenizer
+from astraflow.plugins import get_registry
+from astraflow.rl.losses import token_logprobs
+from astraflow.tasks.arithmetic import ArithmeticTasks
+from astraflow.types import PROMPT, Batch, Span, TrainItem, Trajectory
+
+MakeBackend = Callable[[], TrainerBackend]
+
+
+def arithmetic_batch(model_dir: str, advantages: Sequence[float], batch_id: str = "batch") -> Batch:
+    """Prompt + correct answer + <eos> per held-out problem, answer tokens trained.
+
+    Behaviour log-probs are left at 0.0: :func:`with_behaviour_logprobs` fills them.
+    """
+    tokenizer = load_tokenizer(model_dir)
+    items = []
+    for task, advantage in zip(ArithmeticTasks().eval_tasks(), advantages, strict=False):
+        prompt = tokenizer.encode(task.prompt)
+        answer = [*tokenizer.encode(task.answer or ""), tokenizer.eos_token_id]
+        n = len(prompt) + len(answer)
+        trajectory = Trajectory(
+            task_id=task.task_id,
+            group_id=task.task_id,
+            policy="policy",
+            tokens=prompt + answer,
+            logprobs=[0.0] * n,
+            loss_mask=[0] * len(prompt) + [1] * len(answer),
+            versions=[-1] * len(prompt) + [0] * len(answer),
+            spans=[Span(0, len(prompt), PROMPT), Span(len(prompt), n, "policy", 0)],
+            reward=float(advantage > 0),
+        )
+        items.append(TrainItem(trajectory, float(advantage)))
+    return Batch(batch_id=batch_id, policy="policy", items=items)
+
+
+def with_behaviour_logprobs(backend: TrainerBackend, batch: Batch) -> Batch:
+    """Stamp the current policy's log-probs on trained tokens, as a rollout engine would."""
+    for item, logp in zip(batch.items, backend.compute_logprobs(batch), strict=True):
+        traj = item.trajectory
+        traj.logprobs = [lp if m else 0.0 for lp, m in zip(logp, traj.loss_mask, strict=True)]
+    return batch
+
+
+def trained_logprob(backend: TrainerBackend, batch: Batch) -> list[float]:
+    """Each sequence's total log-prob over its trained tokens."""
+    return [
+        sum(lp for lp, m in zip(logp, item.trajectory.loss_mask, strict=True) if m)
+        for logp, item in zip(backend.compute_logprobs(batch), batch.items, strict=True)
+    ]
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@torch.no_grad()
+def _direct_logprobs(model: Any, batch: Batch) -> list[list[float]]:
+    """One unpadded forward per sequence: the reference for a backend's batched path."""
+    out = []
+    for item in batch.items:
+        ids = torch.tensor([item.trajectory.tokens])
+        out.append(token_logprobs(model(input_ids=ids).logits, ids)[0].tolist())
+    return out
+
+
+class TrainerBackendContract:
+    """What any trainer backend must do; subclasses set ``backend_name``."""
+
+    backend_name: str = ""
+    #: tolerance of the backend's log-probs against a float32 transformers forward
+    logprob_atol: float = 1e-4
+    #: tolerance of log-probs under the exported weights (a bf16 export rounds)
+    export_logprob_atol: float = 0.25
+
+    @pytest.fixture
+    def backend_config(self) -> Any:
+        """The backend's default config, as the trainer runtime receives it."""
+        entry = get_registry().get("trainer_backend", self.backend_name)
+        return OmegaConf.structured(entry.config_cls) if entry.config_cls else None
+
+    @pytest.fixture
+    def make_backend(self, backend_config: Any, tiny_model_dir: str) -> MakeBackend:
+        entry = get_registry().get("trainer_backend", self.backend_name)
+        return lambda: entry.create(backend_config, tiny_model_dir)
+
+    @pytest.fixture
+    def batch(self, tiny_model_dir: str) -> Batch:
+        return arithmetic_batch(tiny_model_dir, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0])
+
+    def test_train_step_returns_finite_metrics_and_changes_weights(
+        self, make_backend: MakeBackend, batch: Batch
+    ) -> None:
+        backend = make_backend()
+        before = backend.export_weights()
+        metrics = backend.train_step(with_behaviour_logprobs(backend, batch))
+        assert {"loss", "grad_norm", "tokens"} <= metrics.keys()
+        assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values()), metrics
+        trained = sum(sum(item.trajectory.loss_mask) for item in batch.items)
+        assert metrics["tokens"] == trained
+        after = backend.export_weights()
+        # some elements may round back to their old value (bf16), but not every tensor
+        assert any(not torch.equal(before[name], after[name]) for name in before)
+
+    def test_advantage_sign_moves_the_sequence_logprob(
+        self, make_backend: MakeBackend, tiny_model_dir: str
+    ) -> None:
+        backend = make_backend()
+        batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0])
+        start = trained_logprob(backend, batch)
+        for _ in range(3):
+            backend.train_step(with_behaviour_logprobs(backend, batch))
+        rewarded, penalised = trained_logprob(backend, batch)
+        assert rewarded > start[0] + 0.05
+        assert penalised < start[1] - 0.05
+
+    def test_masked_tokens_do_not_change_the_update(
+        self, make_backend: MakeBackend, tiny_model_dir: str
+    ) -> None:
+        """Prompt and other-policy tokens carry no gradient, whatever they hold."""
+
+        def step(garbage: float) -> dict[str, torch.Tensor]:
+            backend = make_backend()
+            batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0, garbage])
+            with_behaviour_logprobs(backend, batch)
+            for item in batch.items:
+                traj = item.trajectory
+                traj.logprobs = [
+                    lp if m else garbage
+                    for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True)
+                ]
+            untrained = batch.items[2].trajectory
+            untrained.loss_mask = [0] * len(untrained.tokens)
+            untrained.versions = [-1] * len(untrained.tokens)
+            untrained.spans = [Span(0, len(untrained.tokens), "other_policy", 0)]
+            backend.train_step(batch)
+            return backend.export_weights()
+
+        assert _same(step(0.0), step(-37.5))
+
+    def test_compute_logprobs_matches_a_direct_forward(
+        self, make_backend: MakeBackend, batch: Batch, tiny_model_dir: str
+    ) -> None:
+        got = make_backend().compute_logprobs(batch)
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, local_files_only=True
+        )
+        expected = _direct_logprobs(model, batch)
+        assert [len(x) for x in got] == [len(item.trajectory.tokens) for item in batch.items]
+        assert all(x[0] == 0.0 for x in got)
+        for g, e in zip(got, expected, strict=True):
+            assert torch.allclose(torch.tensor(g), torch.tensor(e), atol=self.logprob_atol)
+
+    def test_exported_weights_load_into_transformers(
+        self, make_backend: MakeBackend, batch: Batch, tiny_model_dir: str, tmp_path: Path
+    ) -> None:
+        backend = make_backend()
+        backend.train_step(with_behaviour_logprobs(backend, batch))
+        exported = backend.export_weights()
+        snapshot = {k: v.clone() for k, v in exported.items()}
+        (dtype,) = {t.dtype for t in exported.values()}
+
+        export_dir = tmp_path / "exported"
+        export_dir.mkdir()
+        save_file(
+            {k: v.contiguous() for k, v in exported.items()}, export_dir / "model.safetensors"
+        )
+        shutil.copy(Path(tiny_model_dir) / "config.json", export_dir / "config.json")
+        from_export = AutoModelForCausalLM.from_pretrained(
+            export_dir, dtype=dtype, local_files_only=True
+        )
+        assert set(from_export.state_dict()) == set(exported)
+
+        backend.save_pretrained(str(tmp_path / "pretrained"))
+        from_pretrained = AutoModelForCausalLM.from_pretrained(
+            tmp_path / "pretrained", dtype=dtype, local_files_only=True
+        )
+        ids = torch.tensor([batch.items[0].trajectory.tokens])
+        with torch.no_grad():
+            assert torch.equal(
+                from_export(input_ids=ids).logits, from_pretrained(input_ids=ids).logits
+            )
+        for got, trained in zip(
+            _direct_logprobs(from_export, batch), backend.compute_logprobs(batch), strict=True
+        ):
+            close = torch.allclose(
+                torch.tensor(got), torch.tensor(trained), atol=self.export_logprob_atol
+            )
+            assert close, "the exported weights sample from a different policy than trained"
+
+        backend.train_step(with_behaviour_logprobs(backend, batch))
+        assert _same(exported, snapshot), "export_weights must return a snapshot, not live views"
+
+    def test_checkpoint_resumes_bit_exactly(
+        self, make_backend: MakeBackend, tiny_model_dir: str, tmp_path: Path
+    ) -> None:
+        first = arithmetic_batch(tiny_model_dir, [1.0, -1.0, 0.5, -0.5], "first")
+        second = arithmetic_batch(tiny_model_dir, [-1.0, 1.0, -0.5, 0.5], "second")
+        original = make_backend()
+        original.train_step(with_behaviour_logprobs(original, first))
+        original.save_checkpoint(str(tmp_path / "ckpt"))
+        expected_metrics = original.train_step(with_behaviour_logprobs(original, second))
+
+        resumed = make_backend()
+        resumed.load_checkpoint(str(tmp_path / "ckpt"))
+        metrics = resumed.train_step(with_behaviour_logprobs(resumed, second))
+        assert metrics == expected_metrics
+        assert _same(resumed.export_weights(), original.export_weights())
+        assert resumed.compute_logprobs(first) == original.compute_logprobs(first)
