@@ -50,7 +50,7 @@ class ModelConfig:
     num_heads: int = 2
     intermediate_size: int = 256
     max_position_embeddings: int = 256
-    warmstart_steps: int = 60
+    warmstart_steps: int = 400
 
 
 @dataclass
