@@ -157,12 +157,16 @@ class _Api:
         return self._do(_Call("POST", "/v1/leases", body, timeout=wait + self.timeout,
                               parse=leases))
 
-    def submit(self, lease: Lease | str, trajectories: Sequence[Trajectory],
+    def submit(self, lease: Lease | str, trajectories: Sequence[Trajectory | dict[str, Any]],
                node_id: str | None = None) -> Any:
-        """Submit all trajectories of a leased task; ``status`` is accepted or duplicate."""
+        """Submit all trajectories of a leased task; ``status`` is accepted or duplicate.
+
+        Dicts are taken as already in wire form (see ``wire.pack_trajectory``).
+        """
         body = {"lease_id": lease if isinstance(lease, str) else lease.lease_id,
                 "node_id": node_id or self.node_id,
-                "trajectories": [pack_trajectory(t) for t in trajectories]}
+                "trajectories": [t if isinstance(t, dict) else pack_trajectory(t)
+                                 for t in trajectories]}
         return self._do(_Call("POST", "/v1/trajectories", body))
 
     def post_tasks(self, tasks: Sequence[Task]) -> Any:

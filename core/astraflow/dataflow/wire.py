@@ -253,13 +253,16 @@ def check_trajectory(t: TrajectoryIn, index: int) -> CheckedTrajectory:
         if len(raw[name]) != n:
             raise PayloadError(f"{where}: {name} has {len(raw[name])} entries, tokens has {n}")
     tokens, logprobs, mask, versions = (raw[k] for k in ARRAYS)
-    if n and (tokens.min() < 0 or tokens.max() >= TOKEN_LIMIT):
+    # int32 blobs cannot exceed the upper bounds; lists are range-checked in full
+    blob = isinstance(t.tokens, bytes)
+    if n and (tokens.min() < 0 or (not blob and tokens.max() >= TOKEN_LIMIT)):
         raise PayloadError(f"{where}.tokens: token ids must be in [0, 2**31)")
-    if n and (mask.min() < 0 or mask.max() > 1):
+    if n and (mask.max() > 1 or (mask.dtype != np.uint8 and mask.min() < 0)):
         raise PayloadError(f"{where}.loss_mask: entries must be 0 or 1")
-    if n and (versions.min() < -1 or versions.max() >= TOKEN_LIMIT):
+    if n and (versions.min() < -1 or (versions.dtype != DTYPES["versions"]
+                                      and versions.max() >= TOKEN_LIMIT)):
         raise PayloadError(f"{where}.versions: entries must be in [-1, 2**31)")
-    trained = mask.astype(bool)
+    trained = mask.view(bool) if mask.dtype == np.uint8 else mask.astype(bool)
     if not np.isfinite(logprobs[trained]).all():
         raise PayloadError(f"{where}.logprobs: trained tokens need finite log-probs")
     pos = 0

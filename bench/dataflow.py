@@ -1,0 +1,194 @@
+"""Data-layer throughput: durable ingest and batch serving vs a bare echo endpoint.
+
+Starts ``astraflow dataflow`` (a real uvicorn process over a real SQLite store), then
+runs several client processes, each with several concurrent requests:
+
+* ingest -- RaaS-node loop: lease tasks, submit groups of 1k-token trajectories
+  (msgpack, acknowledged only once committed);
+* echo   -- the same submission bodies posted to ``/v1/echo`` (auth + body read on the
+  same stack, no decoding, no store): the ceiling ingest is measured against;
+* serve  -- trainers (distinct trainer ids) pulling batches and acknowledging them.
+
+    python bench/dataflow.py --seconds 8 --out bench/dataflow_results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+
+from astraflow.dataflow.client import SOCKET_OPTIONS, AsyncDataflowClient, DataflowClient
+
+TOKEN = "bench-token"
+
+
+def _wire_group(group_size: int, tokens: int, prompt: int = 128) -> list[dict[str, Any]]:
+    """One group of trajectories in wire form (task id filled in per submission)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(group_size):
+        mask = np.r_[np.zeros(prompt), np.ones(tokens - prompt)].astype(np.uint8)
+        versions = np.where(mask == 1, 0, -1).astype("<i4")
+        out.append({
+            "task_id": "", "group_id": "g", "policy": "policy",
+            "tokens": rng.integers(0, 32000, tokens).astype("<i4").tobytes(),
+            "logprobs": (-rng.random(tokens)).astype("<f4").tobytes(),
+            "loss_mask": mask.tobytes(),
+            "versions": versions.tobytes(),
+            "spans": [{"start": 0, "end": prompt, "source": "prompt", "version": -1},
+                      {"start": prompt, "end": tokens, "source": "policy", "version": 0}],
+            "reward": float(k % 2),
+            "metadata": {"sample": k},
+        })
+    return out
+
+
+async def _ingest_worker(url: str, seconds: float, concurrency: int, group_size: int,
+                         tokens: int, echo: bool) -> tuple[int, float]:
+    """Trajectories acknowledged (or echoed) by this process, and the seconds it took.
+
+    The clock starts after registration, so process start-up is not measured.
+    """
+    group = _wire_group(group_size, tokens)
+    done = 0
+    async with AsyncDataflowClient(url, TOKEN) as client:
+        node = await client.register("raas", pool="bench")
+        start = time.monotonic()
+        stop = start + seconds
+        http = httpx.AsyncClient(base_url=url, transport=httpx.AsyncHTTPTransport(
+            socket_options=SOCKET_OPTIONS), headers={"Authorization": f"Bearer {TOKEN}",
+                                                     "Content-Type": "application/msgpack"})
+
+        async def loop() -> None:
+            nonlocal done
+            while time.monotonic() < stop:
+                if echo:
+                    body = msgpack.packb({"lease_id": "x|1", "node_id": node,
+                                          "trajectories": group})
+                    (await http.post("/v1/echo", content=body)).raise_for_status()
+                    done += group_size
+                    continue
+                for lease in await client.lease_tasks(max_tasks=8, wait=1.0):
+                    trajs = [{**t, "task_id": lease.task.task_id} for t in group]
+                    out = await client.submit(lease, trajs)
+                    done += out["accepted"]
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        elapsed = time.monotonic() - start
+        await http.aclose()
+    return done, elapsed
+
+
+def _ingest_process(args: tuple) -> tuple[int, float]:
+    return asyncio.run(_ingest_worker(*args))
+
+
+def _serve_process(args: tuple) -> tuple[int, float]:
+    url, seconds, batch, trainer_id = args
+    served = 0
+    with DataflowClient(url, TOKEN) as client:
+        start = time.monotonic()
+        stop = start + seconds
+        while time.monotonic() < stop:
+            b = client.get_batch("policy", batch, timeout=2.0, trainer_id=trainer_id)
+            if b is None:
+                break
+            client.ack_batch(b.batch_id, wait_seconds=0.0, step_seconds=0.0)
+            served += len(b.items)
+        elapsed = time.monotonic() - start
+    return served, elapsed
+
+
+def _phase(pool: Any, fn: Any, jobs: list[tuple]) -> tuple[int, float]:
+    """Total count over the slowest worker's measured window."""
+    results = pool.map(fn, jobs)
+    return sum(r[0] for r in results), max(r[1] for r in results)
+
+
+def _warm() -> int:
+    """Import the client in every worker before anything is timed."""
+    return len(AsyncDataflowClient.__name__)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=3, help="client processes")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests per process")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--out", default="bench/dataflow_results.json")
+    args = parser.parse_args()
+
+    store = Path(tempfile.mkdtemp(prefix="astraflow-bench-"))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "astraflow", "dataflow", "--port", "0", "--store", str(store),
+         "--task", "arithmetic", "--group-size", str(args.group_size),
+         "--batch-size", str(args.batch), "--policy", "policy=1000000",
+         "--buffer-capacity", "10000000", "--lease-seconds", "600"],
+        env={**os.environ, "ASTRAFLOW_TOKEN": TOKEN},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (store / "url").exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the data layer did not start")
+            time.sleep(0.05)
+        url = (store / "url").read_text().strip()
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(args.clients) as pool:
+            pool.starmap(_warm, [()] * args.clients)
+            ingest_jobs = [(url, args.seconds, args.concurrency, args.group_size, args.tokens,
+                            False)] * args.clients
+            echo_jobs = [(url, args.seconds, args.concurrency, args.group_size, args.tokens,
+                          True)] * args.clients
+            # echo before and after ingest: neighbours' load drifts, the mean is fairer
+            echo_before = _phase(pool, _ingest_process, echo_jobs)
+            ingested, ingest_s = _phase(pool, _ingest_process, ingest_jobs)
+            echo_after = _phase(pool, _ingest_process, echo_jobs)
+            serve_jobs = [(url, args.seconds, args.batch, f"trainer-{i}")
+                          for i in range(args.clients)]
+            served, serve_s = _phase(pool, _serve_process, serve_jobs)
+        status = DataflowClient(url, TOKEN).status()
+    finally:
+        server.terminate()
+        server.wait(30)
+    ingest_rate = ingested / ingest_s
+    echo_rates = [count / secs for count, secs in (echo_before, echo_after)]
+    echo_rate = sum(echo_rates) / 2
+    result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "setup": {**vars(args), "store": "sqlite WAL, synchronous=NORMAL"},
+        "ingest": {"trajectories": ingested, "seconds": round(ingest_s, 3),
+                   "trajectories_per_s": round(ingest_rate, 1)},
+        "echo": {"trajectories_per_s": round(echo_rate, 1),
+                 "before_and_after_ingest": [round(r, 1) for r in echo_rates]},
+        "ingest_to_echo_ratio": round(ingest_rate / echo_rate, 3),
+        "serve": {"trajectories": served, "seconds": round(serve_s, 3),
+                  "trajectories_per_s": round(served / serve_s, 1)},
+        "server_counts": {"accepted": status["trajectories"]["accepted"],
+                          "consumed": status["trajectories"]["consumed"]},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
