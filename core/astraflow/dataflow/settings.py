@@ -102,5 +102,8 @@ def settings_from_yaml(path: str | Path, store: str | None = None) -> DataflowSe
     from astraflow.config import AstraFlowConfig
 
     loaded = OmegaConf.load(path)
-    cfg = OmegaConf.merge(OmegaConf.structured(AstraFlowConfig), loaded)
+    schema = OmegaConf.structured(AstraFlowConfig)
+    if "policies" in loaded:
+        schema.policies = {}  # the run's policies replace the default one, not join it
+    cfg = OmegaConf.merge(schema, loaded)
     return settings_from_config(cfg, store=store)

@@ -1,0 +1,39 @@
+"""The service's settings come from the run config (launcher) or a resolved YAML (CLI)."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from astraflow.config import AstraFlowConfig, PolicyConfig
+from astraflow.dataflow.settings import settings_from_config, settings_from_yaml
+from astraflow.errors import ConfigError
+
+
+def test_settings_from_run_config(tmp_path):
+    cfg = OmegaConf.structured(AstraFlowConfig(
+        run_dir=str(tmp_path), group_size=4, batch_size=16,
+        policies={"solver": PolicyConfig(max_staleness=1), "verifier": PolicyConfig()},
+        data={"dynamic_sampling": {"name": "dynamic_sampling", "tolerance": 0.0}},
+    ))
+    cfg.task = {"name": "arithmetic", "max_operand": 5}
+    cfg.dataflow.order = "edf"
+    s = settings_from_config(cfg)
+    assert s.store == str(tmp_path / "store")
+    assert s.policies == {"solver": 1, "verifier": 2}
+    assert (s.group_size, s.batch_size, s.order) == (4, 16, "edf")
+    assert s.task == {"name": "arithmetic", "max_operand": 5}
+    assert s.data == {"dynamic_sampling": {"name": "dynamic_sampling", "tolerance": 0.0}}
+
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(OmegaConf.to_yaml(cfg))
+    assert settings_from_yaml(resolved) == s
+
+
+def test_bad_settings_say_what_is_wrong(tmp_path):
+    cfg = OmegaConf.structured(AstraFlowConfig())
+    with pytest.raises(ConfigError, match="store"):
+        settings_from_config(cfg)
+    cfg.dataflow.order = "lifo"
+    with pytest.raises(ConfigError, match="order"):
+        settings_from_config(cfg, store=str(tmp_path))
