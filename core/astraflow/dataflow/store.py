@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS batches(
 CREATE TABLE IF NOT EXISTS plugin_state(name TEXT PRIMARY KEY, state TEXT NOT NULL);
 """
 
+#: WAL size beyond which the checkpointer may briefly block the writer to catch up
+WAL_LIMIT = 256 * 1024 * 1024
 #: items.state
 FRESH, SERVED, CONSUMED = 0, 1, 2
 
@@ -69,13 +71,38 @@ class Store:
         self.conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.conn.execute("PRAGMA temp_store=MEMORY")
         self.conn.execute("PRAGMA cache_size=-65536")
+        # checkpoints run on their own thread (see _checkpoint), never inside a commit
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
         self.conn.executescript(SCHEMA)
         self._queue: queue.SimpleQueue[tuple[Job, Future] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._checkpointer: threading.Thread | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dataflow-store", daemon=True)
         self._thread.start()
+        self._checkpointer = threading.Thread(target=self._checkpoint, daemon=True,
+                                              name="dataflow-checkpoint")
+        self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database beside the writer instead of inside its commits.
+
+        PASSIVE checkpoints never block the writer; if the WAL still grows past
+        ``WAL_LIMIT`` under sustained load, a RESTART checkpoint briefly does.
+        """
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        wal = Path(f"{self.path}-wal")
+        try:
+            while not self._stopped.wait(0.5):
+                size = wal.stat().st_size if wal.exists() else 0
+                if size > WAL_LIMIT:
+                    conn.execute("PRAGMA wal_checkpoint(RESTART)")
+                elif size:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     def submit(self, job: Job) -> Future:
         future: Future = Future()
@@ -92,6 +119,11 @@ class Store:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._checkpointer is not None:
+            self._stopped.set()
+            self._checkpointer.join()
+            self._checkpointer = None
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
         self._lock_file.close()
 
