@@ -9,7 +9,7 @@ runs several client processes, each with several concurrent requests:
   same stack, no decoding, no store): the ceiling ingest is measured against;
 * serve  -- trainers (distinct trainer ids) pulling batches and acknowledging them.
 
-    python bench/dataflow.py --seconds 8 --out bench/dataflow_results.json
+    python bench/dataflow.py --seconds 8 --out bench/results/dataflow.json
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--out", default="bench/dataflow_results.json")
+    parser.add_argument("--out", default="bench/results/dataflow.json")
     args = parser.parse_args()
 
     store = Path(tempfile.mkdtemp(prefix="astraflow-bench-"))
