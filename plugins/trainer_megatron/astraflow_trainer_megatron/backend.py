@@ -63,7 +63,9 @@ def _dtype(name: str, field: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _build_model(arch: convert.Architecture, dtype: torch.dtype, device: torch.device) -> Any:
+def _build_model(
+    arch: convert.Architecture, vocab_rows: int, dtype: torch.dtype, device: torch.device
+) -> Any:
     """An uninitialised ``GPTModel`` shaped like ``arch`` (weights are loaded after)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -95,7 +97,7 @@ def _build_model(arch: convert.Architecture, dtype: torch.dtype, device: torch.d
         model = GPTModel(
             config,
             get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
-            vocab_size=arch.vocab_size,
+            vocab_size=vocab_rows,
             max_sequence_length=arch.max_positions,
             parallel_output=False,  # full-vocabulary logits on every rank
             share_embeddings_and_output_weights=arch.tied,
@@ -150,9 +152,10 @@ class MegatronTrainerBackend(TrainerBackend):
         self.step = 0
 
     def _load(self, hf_weights: dict[str, torch.Tensor]) -> Any:
-        model = _build_model(self.arch, self.dtype, self.device)
-        full = convert.hf_to_megatron(hf_weights, self.arch)
         rank, size = _tp_rank(), _tp_size()
+        vocab_rows = convert.padded_vocab_size(self.arch.vocab_size, size)
+        model = _build_model(self.arch, vocab_rows, self.dtype, self.device)
+        full = convert.hf_to_megatron(hf_weights, self.arch, vocab_rows)
         state = {name: convert.shard(name, t, rank, size) for name, t in full.items()}
         params = dict(model.named_parameters())
         if state.keys() != params.keys():
@@ -211,12 +214,16 @@ class MegatronTrainerBackend(TrainerBackend):
         return out
 
     def _forward(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[b, T, V]``; the causal mask is explicit (Megatron's default is on CUDA)."""
+        """Logits ``[b, T, V]`` without vocabulary padding.
+
+        The causal mask is explicit: Megatron's default one is built on CUDA.
+        """
         width = tokens.shape[1]
         positions = torch.arange(width, device=self.device).expand_as(tokens)
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).triu(1)
         with parallel.megatron_device():
-            return model(tokens, positions, causal[None, None])
+            logits = model(tokens, positions, causal[None, None])
+        return logits[..., : self.arch.vocab_size]
 
     # -- the contract --------------------------------------------------------------
 

@@ -133,14 +133,30 @@ def _split_qkv(qkv: torch.Tensor, arch: Architecture) -> tuple[torch.Tensor, ...
     )
 
 
-def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Architecture) -> dict[str, torch.Tensor]:
-    """Hugging Face tensors -> the full (unsharded) ``GPTModel`` state dict."""
+def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
+    """Megatron splits the vocabulary evenly across tensor-parallel ranks."""
+    return -(-vocab_size // tensor_parallel) * tensor_parallel
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.nn.functional.pad(tensor, (0, 0, 0, rows - tensor.shape[0]))
+
+
+def hf_to_megatron(
+    hf: dict[str, torch.Tensor], arch: Architecture, vocab_rows: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Hugging Face tensors -> the full (unsharded) ``GPTModel`` state dict.
+
+    ``vocab_rows`` pads the embedding and output layer with zero rows (see
+    :func:`padded_vocab_size`); their logits must be cut off before any softmax.
+    """
+    rows = vocab_rows or arch.vocab_size
     out = {
-        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "embedding.word_embeddings.weight": _pad_rows(hf["model.embed_tokens.weight"], rows),
         "decoder.final_layernorm.weight": hf["model.norm.weight"],
     }
     if not arch.tied:
-        out["output_layer.weight"] = hf["lm_head.weight"]
+        out["output_layer.weight"] = _pad_rows(hf["lm_head.weight"], rows)
     for i in range(arch.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         renames = _RENAMES + (_QK_NORMS if arch.qk_norm else ())
@@ -157,14 +173,15 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Architecture) -> dict[str,
 def megatron_to_hf(mg: dict[str, torch.Tensor], arch: Architecture) -> dict[str, torch.Tensor]:
     """The full ``GPTModel`` state dict -> Hugging Face tensors (views where possible).
 
-    A tied model gets ``lm_head.weight`` too, as ``transformers`` lists it in its
-    state dict.
+    Vocabulary padding is dropped. A tied model gets ``lm_head.weight`` too, as
+    ``transformers`` lists it in its state dict.
     """
-    embed = mg["embedding.word_embeddings.weight"]
+    vocab = arch.vocab_size
+    embed = mg["embedding.word_embeddings.weight"][:vocab]
     out = {
         "model.embed_tokens.weight": embed,
         "model.norm.weight": mg["decoder.final_layernorm.weight"],
-        "lm_head.weight": embed if arch.tied else mg["output_layer.weight"],
+        "lm_head.weight": embed if arch.tied else mg["output_layer.weight"][:vocab],
     }
     for i in range(arch.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
@@ -184,8 +201,13 @@ def split_dim(name: str) -> int | None:
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         return 1  # row-parallel: split the input features
     if name.endswith(
-        ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias",
-         "linear_fc1.weight")
+        (
+            "word_embeddings.weight",
+            "output_layer.weight",
+            "linear_qkv.weight",
+            "linear_qkv.bias",
+            "linear_fc1.weight",
+        )
     ):
         return 0  # column-parallel (and the vocab-parallel embedding): split the outputs
     return None

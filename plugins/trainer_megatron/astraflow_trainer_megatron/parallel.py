@@ -8,9 +8,9 @@ Megatron code runs (:func:`megatron_device`), uses the no-op inference RNG track
 (dropout is off, so there is nothing to fork), and the backend always passes an
 explicit mask. None of it happens when CUDA exists.
 
-On GPUs under ``torchrun`` the process group comes from the environment (NCCL) and
-the tensor/pipeline sizes from the config; alone (no ``WORLD_SIZE``) a trainer is
-world size 1 on ``127.0.0.1``.
+Under ``torchrun`` the process group comes from the environment (NCCL on GPUs, gloo
+on CPUs, where tensor parallelism works too) and the tensor-parallel size from the
+config; alone (no ``WORLD_SIZE``) a trainer is world size 1 on ``127.0.0.1``.
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             f"trainer.pipeline_model_parallel_size={pipeline_parallel}: pipeline stages need "
             "Megatron's pipeline schedules, which this backend does not drive yet; use 1"
         )
-    if cpu_mode() and tensor_parallel != 1:
+    if tensor_parallel != 1 and "WORLD_SIZE" not in os.environ:
         raise ValueError(
-            f"trainer.tensor_model_parallel_size={tensor_parallel} needs CUDA GPUs under "
-            "torchrun; without CUDA the Megatron backend runs at world size 1"
+            f"trainer.tensor_model_parallel_size={tensor_parallel} needs one process per rank: "
+            f"start the trainer with torchrun --nproc-per-node {tensor_parallel}"
         )
     if not dist.is_initialized():
         backend = "gloo" if cpu_mode() else "nccl"
@@ -84,6 +84,11 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0
             )
+    if dist.get_world_size() != tensor_parallel:
+        raise ValueError(
+            f"world size {dist.get_world_size()} != trainer.tensor_model_parallel_size="
+            f"{tensor_parallel}: one trainer is one model replica (no data parallelism)"
+        )
     if not cpu_mode():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if parallel_state.model_parallel_is_initialized():

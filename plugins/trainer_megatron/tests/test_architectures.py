@@ -1,0 +1,85 @@
+"""Llama with grouped KV heads, tied embeddings, Qwen2 (q/k/v biases) and Qwen3 (q/k norms).
+
+The tiny default model has as many KV heads as query heads, which makes the grouped
+q/k/v layout trivial; these random checkpoints do not.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from astraflow_trainer_megatron import MegatronConfig
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from astraflow.plugins import get_registry
+from astraflow.testing.trainer import arithmetic_batch
+
+SHAPE = {
+    "vocab_size": 64,
+    "hidden_size": 128,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 64,
+}
+CONFIGS = {
+    "llama-gqa": lambda: LlamaConfig(**SHAPE, tie_word_embeddings=False),
+    "llama-tied": lambda: LlamaConfig(**SHAPE, tie_word_embeddings=True),
+    "qwen2": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False),
+    "qwen3": lambda: Qwen3Config(**SHAPE, tie_word_embeddings=False),
+}
+
+
+def _megatron(model_dir: Path, **settings: Any) -> Any:
+    config = OmegaConf.structured(MegatronConfig(**settings))
+    return get_registry().get("trainer_backend", "megatron").create(config, str(model_dir))
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_checkpoint_round_trips_and_computes_the_same_logits(kind: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(CONFIGS[kind]()).float().eval()
+    with torch.no_grad():  # random biases and norms too, so a misplaced one shows
+        for param in hf.parameters():
+            param.normal_(0.0, 0.1)
+    hf.save_pretrained(tmp_path)
+    backend = _megatron(tmp_path, export_dtype="float32")
+
+    exported = backend.export_weights()
+    assert exported.keys() == hf.state_dict().keys()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(exported[name], tensor), name
+
+    ids = torch.randint(0, SHAPE["vocab_size"], (2, 24))
+    with torch.no_grad():
+        diff = (backend._forward(backend.model, ids) - hf(input_ids=ids).logits).abs().max()
+    assert float(diff) < 1e-4
+
+
+def test_unsupported_checkpoints_and_layouts_are_refused_clearly(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported.*llama, qwen2"):
+        _megatron(tmp_path)
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
+        _megatron(Path(tiny_model_dir), tensor_model_parallel_size=2)
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2"):
+        _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU mode exists only without CUDA")
+def test_cpu_mode_leaves_torch_cuda_untouched(tiny_model_dir: str) -> None:
+    """Other code in the process still learns that there is no CUDA device."""
+    real = torch.cuda.current_device
+    backend = _megatron(Path(tiny_model_dir))
+    batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0])
+    backend.train_step(batch)
+    assert torch.cuda.current_device is real
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.current_device()
