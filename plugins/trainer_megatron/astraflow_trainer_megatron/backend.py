@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,16 @@ from safetensors.torch import load_file, save_file
 from astraflow.contracts import TrainerBackend
 from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
 from astraflow.types import Batch, TrainItem
-from astraflow_trainer_megatron import convert, parallel
+
+with warnings.catch_warnings():
+    # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from astraflow_trainer_megatron import convert, parallel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _LOSSES = ("ppo", "m2po")
@@ -45,6 +55,10 @@ _HF_SIDE_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
 )
 
 
@@ -67,10 +81,6 @@ def _build_model(
     arch: convert.Architecture, vocab_rows: int, dtype: torch.dtype, device: torch.device
 ) -> Any:
     """An uninitialised ``GPTModel`` shaped like ``arch`` (weights are loaded after)."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     config = TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -108,14 +118,10 @@ def _build_model(
 
 
 def _tp_size() -> int:
-    from megatron.core import parallel_state
-
     return parallel_state.get_tensor_model_parallel_world_size()
 
 
 def _tp_rank() -> int:
-    from megatron.core import parallel_state
-
     return parallel_state.get_tensor_model_parallel_rank()
 
 
@@ -294,8 +300,6 @@ class MegatronTrainerBackend(TrainerBackend):
         """
         if _tp_size() == 1:
             return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        from megatron.core import parallel_state
-
         grads = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
         sharded = sum(g.float().pow(2).sum() for n, g in grads if convert.split_dim(n) is not None)
         replicated = sum(g.float().pow(2).sum() for n, g in grads if convert.split_dim(n) is None)
@@ -342,8 +346,6 @@ class MegatronTrainerBackend(TrainerBackend):
         size = _tp_size()
         if size == 1:
             return params
-        from megatron.core import parallel_state
-
         group = parallel_state.get_tensor_model_parallel_group()
         full = {}
         for name, tensor in params.items():

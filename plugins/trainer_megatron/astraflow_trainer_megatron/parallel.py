@@ -22,6 +22,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 #: Megatron's RNG tracker needs a seed; weights come from a checkpoint and dropout is
 #: off, so no result depends on it
@@ -63,9 +65,6 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
     Idempotent within a process: a second backend (a KL reference, a test) reuses the
     groups when the sizes agree and is refused when they do not.
     """
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
     if pipeline_parallel != 1:
         raise ValueError(
             f"trainer.pipeline_model_parallel_size={pipeline_parallel}: pipeline stages need "
@@ -76,6 +75,8 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             f"trainer.tensor_model_parallel_size={tensor_parallel} needs one process per rank: "
             f"start the trainer with torchrun --nproc-per-node {tensor_parallel}"
         )
+    if not cpu_mode():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not dist.is_initialized():
         backend = "gloo" if cpu_mode() else "nccl"
         if "WORLD_SIZE" in os.environ:
@@ -89,8 +90,6 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             f"world size {dist.get_world_size()} != trainer.tensor_model_parallel_size="
             f"{tensor_parallel}: one trainer is one model replica (no data parallelism)"
         )
-    if not cpu_mode():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if parallel_state.model_parallel_is_initialized():
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),

@@ -52,6 +52,11 @@ def test_two_tensor_parallel_ranks_match_one_process(tiny_model_dir: str, tmp_pa
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     sharded = json.loads((tmp_path / "result.json").read_text())
+    assert sharded["checkpoint_resumes_bit_exactly"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == [
+        "model-tp0.safetensors", "model-tp1.safetensors", "optimizer-tp0.safetensors",
+        "optimizer-tp1.safetensors", "trainer_state.json",
+    ]  # fmt: skip
 
     entry = get_registry().get("trainer_backend", "megatron")
     single = entry.create(OmegaConf.structured(MegatronConfig()), tiny_model_dir)
