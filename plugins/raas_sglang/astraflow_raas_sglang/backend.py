@@ -1,8 +1,15 @@
-"""Not implemented yet: selecting this option fails with a clear message."""
+"""The registered implementation of ``raas=sglang``.
 
-from astraflow.errors import NotAvailableYetError
+The launcher loads it before starting any process, so a machine without SGLang fails
+here, at once, with what to install where -- not minutes later inside a node.
+"""
 
-raise NotAvailableYetError(
-    "raas=sglang is registered by astraflow-plugin-raas-sglang but not available yet "
-    "(tracked as issue 9)"
-)
+import importlib.util
+
+from astraflow_raas_sglang.engine import SGLangRolloutBackend
+from astraflow_raas_sglang.errors import INSTALL_HINT, SGLangUnavailableError
+
+if importlib.util.find_spec("sglang") is None:
+    raise SGLangUnavailableError(INSTALL_HINT)
+
+__all__ = ["SGLangRolloutBackend"]

@@ -1,0 +1,244 @@
+"""PROTOCOL TESTS: raas=sglang against a stand-in of SGLang's HTTP server, on CPU.
+
+SGLang does not install on CPU machines, so the backend starts and supervises
+``tests/sglang_protocol_standin.py`` (SGLang's flags, routes and field names, a real
+tiny torch model) the way it starts ``sglang.launch_server`` on a GPU machine. The
+shared rollout contract runs first on that server, then the protocol specifics:
+log-prob triples, ``n > 1``, the weight-refresh call sequence, bad answers, crashes.
+The same contract against real SGLang lives in ``tests/gpu/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from astraflow_raas_sglang import SGLangConfig
+from astraflow_raas_sglang.engine import SGLangRolloutBackend
+from astraflow_raas_sglang.errors import SGLangServerError
+from omegaconf import OmegaConf
+
+from astraflow.testing.engine import LoopThread
+from astraflow.testing.rollout import RolloutBackendContract, _children, perturbed_copy
+
+HERE = Path(__file__).parent
+STANDIN = "sglang_protocol_standin"
+
+
+def standin_config(log_dir: Path, **kw) -> SGLangConfig:
+    kw.setdefault("server_module", STANDIN)
+    return OmegaConf.structured(SGLangConfig(log_dir=str(log_dir), health_interval=0.2,
+                                             startup_timeout=120, **kw))
+
+
+@pytest.fixture(scope="class")
+def standin_on_path():
+    """The stand-in is started as ``python -m sglang_protocol_standin``, like SGLang."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE),
+                                                              os.environ.get("PYTHONPATH")])))
+        yield
+
+
+def _reload(backend, path, version):
+    async def go():
+        await backend.pause()
+        try:
+            await backend.load_weights(str(path), version)
+        finally:
+            await backend.resume()
+
+    return go()
+
+
+@pytest.mark.usefixtures("standin_on_path")
+class TestProtocolAgainstStandin(RolloutBackendContract):
+    backend_name = "sglang"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls, standin_on_path, tiny_model_dir, tmp_path_factory):
+        children_before = _children()
+        config = standin_config(tmp_path_factory.mktemp("sglang-logs"))
+        backend = SGLangRolloutBackend(config, tiny_model_dir)
+        loop = LoopThread()
+        loop.run(backend.start())
+        yield loop, backend
+        loop.run(backend.shutdown())
+        loop.close()
+        assert _children() <= children_before, "the server outlived shutdown()"
+
+    def _gen(self, engine, model_dir, text="12+7=", **kw):
+        loop, backend = engine
+        return loop.run(backend.generate(self._req(model_dir, text, **kw)))
+
+    def test_logprobs_are_the_models_own_for_each_sampled_token(self, engine, tiny_model_dir):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        gens = self._gen(engine, tiny_model_dir, n=3, max_new_tokens=8)
+        assert len(gens) == 3  # n > 1 arrives as SGLang's list of n answers
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        prompt = self._req(tiny_model_dir).prompt_ids
+        for gen in gens:
+            ids = torch.tensor([prompt + gen.token_ids])
+            with torch.inference_mode():
+                logprobs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], -1)
+            expected = logprobs.gather(1, torch.tensor(gen.token_ids)[:, None]).squeeze(1)
+            assert gen.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+    def test_a_seeded_request_is_reproducible(self, engine, tiny_model_dir):
+        a = self._gen(engine, tiny_model_dir, n=4, max_new_tokens=10, seed=7)
+        b = self._gen(engine, tiny_model_dir, n=4, max_new_tokens=10, seed=7)
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+    def test_weight_refresh_pauses_updates_with_version_and_continues(
+            self, engine, tiny_model_dir, tmp_path):
+        loop, backend = engine
+        noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy")
+        version = backend.version + 1
+        try:
+            loop.run(_reload(backend, noisy, version))
+            gen = self._gen(engine, tiny_model_dir, temperature=0.0)[0]
+            assert gen.version == version  # the server's meta_info.weight_version
+            calls = httpx.get(f"{backend.url}/standin/calls").json()[-3:]
+            assert [c["route"] for c in calls] == [
+                "/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+            assert calls[0]["body"] == {"mode": "retract"}
+            update = calls[1]
+            assert update["paused"]
+            assert update["body"]["model_path"] == str(noisy.resolve())
+            assert update["body"]["weight_version"] == str(version)
+        finally:
+            loop.run(_reload(backend, tiny_model_dir, version + 1))
+
+    def test_refused_weights_raise_and_keep_the_version(self, engine, tmp_path):
+        import torch
+        from safetensors.torch import save_file
+
+        loop, backend = engine
+        bad = tmp_path / "bad"
+        bad.mkdir()
+        save_file({"not.a.weight": torch.zeros(3)}, str(bad / "model.safetensors"))
+        before = backend.version
+        with pytest.raises(SGLangServerError, match="Failed to update weights"):
+            loop.run(_reload(backend, bad, before + 1))
+        assert backend.version == before
+
+    def test_invalid_sampling_values_are_reported(self, engine, tiny_model_dir):
+        with pytest.raises(SGLangServerError, match=r"HTTP 400.*top_p must be in"):
+            self._gen(engine, tiny_model_dir, top_p=0.0)
+
+    @pytest.mark.parametrize(("fault", "message"), [
+        ("not_json", "not JSON"),
+        ("http_500", "HTTP 500"),
+        ("no_meta_info", "no meta_info"),
+        ("logprob_count", "output_ids but"),
+        ("token_mismatch", "is for token"),
+        ("short_batch", "returned 2 samples, asked for 3"),
+    ])
+    def test_bad_answers_are_clear_errors(self, engine, tiny_model_dir, fault, message):
+        _, backend = engine
+        httpx.post(f"{backend.url}/standin/fault", json={"kind": fault}).raise_for_status()
+        with pytest.raises(SGLangServerError, match=message):
+            self._gen(engine, tiny_model_dir, n=3)
+        assert len(self._gen(engine, tiny_model_dir, n=3)) == 3  # the next request is fine
+
+    def test_pause_lets_in_flight_requests_finish(self, engine, tiny_model_dir, tmp_path):
+        """Even with pause_mode=abort, a request already sent completes in full."""
+        loop, managed = engine
+        attached = SGLangRolloutBackend(
+            standin_config(tmp_path, url=managed.url, pause_mode="abort"), tiny_model_dir)
+
+        async def scenario():
+            await attached.start()
+            task = asyncio.ensure_future(attached.generate(self._req(
+                tiny_model_dir, temperature=1.0, max_new_tokens=150)))
+            while attached._inflight == 0:
+                await asyncio.sleep(0.005)
+            await attached.pause()
+            finished_before_pause = task.done()
+            await attached.resume()
+            gens = await task
+            await attached.shutdown()
+            return finished_before_pause, gens[0]
+
+        finished, gen = loop.run(scenario())
+        assert finished, "pause() returned before the in-flight request finished"
+        assert gen.finish_reason == "length" and len(gen.token_ids) == 150
+
+    def test_a_crash_mid_request_restarts_the_server_with_its_weights(
+            self, engine, tiny_model_dir, tmp_path):
+        loop, backend = engine
+        noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy", scale=0.3)
+        version = backend.version + 1
+        loop.run(_reload(backend, noisy, version))
+        try:
+            before = self._gen(engine, tiny_model_dir, temperature=0.0, max_new_tokens=8)[0]
+            old_pid, restarts = backend.server.proc.pid, backend.server.restarts
+            httpx.post(f"{backend.url}/standin/fault", json={"kind": "crash"})
+            after = self._gen(engine, tiny_model_dir, temperature=0.0, max_new_tokens=8)[0]
+            assert backend.server.restarts == restarts + 1
+            assert backend.server.proc.pid != old_pid
+            with pytest.raises(ProcessLookupError):
+                os.kill(old_pid, 0)
+            assert after.version == version
+            assert after.token_ids == before.token_ids
+            assert after.logprobs == pytest.approx(before.logprobs, abs=1e-4)
+        finally:
+            loop.run(_reload(backend, tiny_model_dir, version + 1))
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(standin_on_path, tmp_path):
+    children_before = _children()
+    backend = SGLangRolloutBackend(standin_config(tmp_path), str(tmp_path / "no-model"))
+    loop = LoopThread()
+    try:
+        with pytest.raises(SGLangServerError, match="exited with code 2 while starting"
+                           r"(.|\n)*is not a directory"):
+            loop.run(backend.start())
+        loop.run(backend.shutdown())
+    finally:
+        loop.close()
+    assert _children() <= children_before
+
+
+def test_an_unreachable_url_is_reported(tmp_path):
+    backend = SGLangRolloutBackend(standin_config(tmp_path, url="http://127.0.0.1:9"), "unused")
+    loop = LoopThread()
+    try:
+        with pytest.raises(SGLangServerError, match=r"no answer from the SGLang server at "
+                           r"http://127.0.0.1:9/get_model_info"):
+            loop.run(backend.start())
+        loop.run(backend.shutdown())
+    finally:
+        loop.close()
+
+
+def test_an_unknown_pause_mode_is_a_config_error(tmp_path):
+    from astraflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="abort, retract, in_place"):
+        SGLangRolloutBackend(standin_config(tmp_path, pause_mode="drain"), "unused")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
+                    reason="SGLang is installed here: selecting it is allowed")
+def test_selecting_sglang_without_it_fails_fast_with_install_advice(tmp_path):
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "+raas=sglang", "steps=1",
+                           f"run_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "needs SGLang, which installs only on a GPU (CUDA) machine" in proc.stderr
+    assert "pip install 'astraflow-plugin-raas-sglang[gpu]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists(), "something started before the check"
+    assert time.time() - started < 60
