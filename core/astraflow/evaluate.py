@@ -1,8 +1,10 @@
 """Held-out evaluation: a client of the weights interface only.
 
-The evaluator follows a policy's weight stream, and scores the task's eval split with
-its own engine at temperature 0 whenever the policy has advanced ``eval_every``
-versions, and always at version 0 and at the final version.
+The evaluator follows a policy's weight stream and scores the task's eval split with
+its own engine whenever the policy has advanced ``eval_every`` versions, and always
+at version 0 and at the final version. ``eval_accuracy`` is the mean reward of
+``eval_samples`` samples per task at the workflow's temperature -- the policy as it
+is trained and deployed; ``eval_greedy_accuracy`` is temperature 0.
 """
 
 from __future__ import annotations
@@ -32,17 +34,26 @@ class Evaluator:
         self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
         self.metrics_path = Path(metrics_path)
 
-    async def evaluate(self, backend, workflow, roles, tasks) -> float:
+    async def evaluate(self, backend, workflow, roles, tasks) -> dict[str, float]:
+        """Mean reward on the held-out tasks: sampled like training, and greedy."""
         from omegaconf import OmegaConf
 
-        greedy = OmegaConf.merge(workflow.config, {"temperature": 0.0})
-        workflow.config = greedy
-        defaults = {"max_new_tokens": greedy.get("max_new_tokens", 16), "temperature": 0.0}
-        handles = {role: EnginePolicy(p, backend, defaults) for role, p in roles.items()}
-        results = await asyncio.gather(*(workflow.run(t, handles, 1) for t in tasks))
-        mine = [traj.reward for trajs in results for traj in trajs
-                if roles.get(traj.policy, traj.policy) == self.policy]
-        return sum(mine) / max(len(mine), 1)
+        base = workflow.config
+        out = {}
+        for key, temperature, samples in (
+            ("eval_accuracy", base.get("temperature", 1.0), self.cfg.eval_samples),
+            ("eval_greedy_accuracy", 0.0, 1),
+        ):
+            workflow.config = OmegaConf.merge(base, {"temperature": temperature})
+            defaults = {"max_new_tokens": base.get("max_new_tokens", 16),
+                        "temperature": temperature}
+            handles = {role: EnginePolicy(p, backend, defaults) for role, p in roles.items()}
+            results = await asyncio.gather(*(workflow.run(t, handles, samples) for t in tasks))
+            mine = [traj.reward for trajs in results for traj in trajs
+                    if roles.get(traj.policy, traj.policy) == self.policy]
+            out[key] = sum(mine) / max(len(mine), 1)
+        workflow.config = base
+        return out
 
     async def run(self, done_marker: str) -> None:
         """Evaluate version 0, then every ``eval_every`` versions, then the final one.
@@ -80,10 +91,10 @@ class Evaluator:
         finally:
             await backend.shutdown()
 
-    def _log(self, version: int, accuracy: float) -> None:
-        record = {"kind": "eval", "policy": self.policy, "version": version,
-                  "eval_accuracy": accuracy, "time": time.time()}
-        log.info("eval %s v%d: accuracy %.3f", self.policy, version, accuracy)
+    def _log(self, version: int, accuracies: dict[str, float]) -> None:
+        record = {"kind": "eval", "policy": self.policy, "version": version, **accuracies,
+                  "time": time.time()}
+        log.info("eval %s v%d: %s", self.policy, version, accuracies)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")

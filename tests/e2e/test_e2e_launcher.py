@@ -54,3 +54,40 @@ def test_unknown_backend_fails_before_any_process_starts(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "pip install astraflow-plugin-raas-nope" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    from pathlib import Path
+
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
+    import signal
+    import time
+
+    run_dir = tmp_path / "interrupted"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
+         "steps=100000", "batch_size=8", "group_size=4", "launcher.progress=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = run_dir / "metrics" / "train-policy.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert launcher.poll() is None, launcher.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.2)
+    assert len(_processes_mentioning(str(run_dir))) >= 4  # data layer, trainer, eval, node
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err[-2000:]
+    assert "stopping every component" in err
+    assert _processes_mentioning(str(run_dir)) == []

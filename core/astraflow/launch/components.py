@@ -32,6 +32,8 @@ def _token() -> str:
 
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # one line per request would drown the component's own log
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:

@@ -31,6 +31,8 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
         summary["policies"][policy] = {
             "start_eval_accuracy": ev[0]["eval_accuracy"] if ev else None,
             "final_eval_accuracy": ev[-1]["eval_accuracy"] if ev else None,
+            "start_eval_greedy_accuracy": ev[0]["eval_greedy_accuracy"] if ev else None,
+            "final_eval_greedy_accuracy": ev[-1]["eval_greedy_accuracy"] if ev else None,
             "final_version": ev[-1]["version"] if ev else None,
             "steps": max((r["step"] for r in tr), default=0),
             "trajectories_generated": counts.get(policy, {}).get("accepted"),
@@ -53,6 +55,8 @@ def _tensorboard(run_dir: Path, train: dict, evals: dict) -> None:
     for policy, recs in evals.items():
         for rec in recs:
             writer.add_scalar(f"{policy}/eval/accuracy", rec["eval_accuracy"], rec["version"])
+            writer.add_scalar(f"{policy}/eval/greedy_accuracy", rec["eval_greedy_accuracy"],
+                              rec["version"])
     writer.close()
 
 
@@ -68,9 +72,11 @@ def _plot(run_dir: Path, train: dict, evals: dict) -> None:
     for policy, recs in evals.items():
         recs = sorted(recs, key=lambda r: r["version"])
         ax_e.plot([r["version"] for r in recs], [r["eval_accuracy"] for r in recs],
-                  marker="o", label=policy)
+                  marker="o", label=f"{policy} (sampled)")
+        ax_e.plot([r["version"] for r in recs], [r["eval_greedy_accuracy"] for r in recs],
+                  marker=".", linestyle="--", label=f"{policy} (greedy)")
     ax_r.set(title="training reward (batch mean)", xlabel="step", ylabel="reward")
-    ax_e.set(title="held-out accuracy (greedy)", xlabel="policy version", ylabel="accuracy",
+    ax_e.set(title="held-out accuracy", xlabel="policy version", ylabel="accuracy",
              ylim=(0, 1))
     for ax in (ax_r, ax_e):
         ax.grid(alpha=0.3)

@@ -106,7 +106,9 @@ class TrainerRuntime:
             metrics = backend.train_step(batch)
             self.version += 1
             self.step += 1
+            t_trained = time.time()
             self._publish(publisher, self.version, backend)
+            t_published = time.time()
             self._save(backend)
             t2 = time.time()
             self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
@@ -119,6 +121,8 @@ class TrainerRuntime:
                 "reward_mean": sum(rewards) / max(len(rewards), 1),
                 "batch_size": len(batch.items), "wait_seconds": t1 - t0,
                 "step_seconds": t2 - t1, "staleness_max": max(staleness, default=0),
+                "train_seconds": t_trained - t1, "publish_seconds": t_published - t_trained,
+                "checkpoint_seconds": t2 - t_published,
             })
         final = self.work_dir / "final" / self.policy
         backend.save_pretrained(str(final))
