@@ -1,18 +1,22 @@
 """Bit-exact sparse deltas between two versions of a tensor, and files of many of them.
 
 Under bf16 most elements of an RL update do not change at all, and those that change
-move by a few units in the last place. A delta therefore lists the 8-byte words of the
+move by a few units in the last place. A delta therefore lists the 16-bit lanes of the
 tensor's raw bytes that changed, and ``old ^ new`` for each of them:
 
-* positions: gaps between changed word indices, split into byte planes, zstd (less than
-  a byte per change at 1% density, against four for plain u32 element indices);
-* values: the 64-bit XOR words, byte planes, zstd (mostly zero bytes: untouched lanes
-  and unchanged high bits);
+* positions: the gap to the previous changed lane in one byte, 255 escaping to a u32 in
+  a side stream (about 1.3 bytes per change at 1% density, against four for plain u32
+  element indices). Both go through zstd's fastest mode, which only collapses runs: the
+  gaps of a sparse delta are close to uniform bytes (entropy coding would save 4% of them
+  for a fifth of the encoding time), those of a dense one are runs of zeros;
+* values: the XOR split into a low and a high byte plane, each zstd level 1 (the high
+  plane is almost all zeros, the low one a handful of symbols);
 * a CRC32 over header and payload, so a flipped byte is refused, never applied.
 
-Working on words, not elements, makes the format the same for BF16, F16 and F32, and
-lets encoding run as a few numpy passes over cache-sized chunks: one streaming read of
-both buffers, then work proportional to the number of changes.
+Lanes make one format for BF16, F16 and F32 (an F32 is two lanes) and for odd byte
+counts (the last lane is zero-padded). Encoding is one compiled pass that reads both
+buffers once (``_kernels.scan``); applying a delta writes only the changed lanes, after
+every position has been checked, so a delta that does not fit is refused whole.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import zstandard
@@ -31,163 +36,182 @@ from astraflow.weights import safetensors_io as st
 from astraflow.weights.errors import CorruptError
 
 MAGIC = b"AFWD"
-FORMAT = 1
-# magic, format, index width, reserved, n_bytes, n_words changed, index bytes, value bytes,
-# crc32 of everything else
-_HEADER = struct.Struct("<4sBBHQQQQI")
-_CHUNK_WORDS = 1 << 15
-_ZSTD_LEVEL = 1
-DELTA_FORMAT = "astraflow-delta/1"
+FORMAT = 2
+# magic, format, 3 reserved, tensor bytes, changes, escapes, then the compressed size of
+# each section in payload order: gap bytes (one per change), escapes (u32 each), low and
+# high byte planes of the XORs; then a crc32 of the header and payload
+_HEADER = struct.Struct("<4sB3xQQQQQQQ")
+_CRC = struct.Struct("<I")
+#: bytes per u64 word block of the scan, the unit in which tensors are split for it
+_BLOCK_BYTES = 8 * 64
+#: smallest first output capacity of the encoder, in changes; it doubles when exceeded
+_MIN_CAPACITY = 1 << 16
+DELTA_FORMAT = "astraflow-delta/2"
+# level 1 with short hash tables: the value planes hold a few symbols in short repeats,
+# where deeper match search costs up to twice the time for no smaller output
+_VALUES_ZSTD = zstandard.ZstdCompressionParameters.from_level(
+    1, min_match=7, hash_log=8, chain_log=8, write_content_size=False)
+_GAPS_ZSTD = zstandard.ZstdCompressionParameters.from_level(-1, write_content_size=False)
+
+
+def _kernels() -> ModuleType:
+    """The compiled loops, imported on first use: numba is slow to import."""
+    from astraflow.weights import _kernels
+
+    return _kernels
+
+
 def _raw_bytes(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
-def _words(raw: np.ndarray) -> np.ndarray:
-    """The whole 8-byte words of a byte image (the tail, if any, is handled apart)."""
-    return raw[: raw.size // 8 * 8].view(np.uint64)
+def _lanes(raw: np.ndarray) -> np.ndarray:
+    """The whole 16-bit lanes of a byte image (an odd last byte is handled apart)."""
+    return raw[: raw.size // 2 * 2].view(np.uint16)
 
 
-def _tail_word(raw: np.ndarray) -> np.ndarray:
-    """The trailing partial word, zero-padded to 8 bytes (empty if there is none)."""
-    rest = raw.size % 8
-    if not rest:
-        return np.zeros(0, dtype=np.uint64)
-    word = np.zeros(8, dtype=np.uint8)
-    word[:rest] = raw[raw.size - rest :]
-    return word.view(np.uint64)
+def _blocks(raw: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """(u64 words one scan block per row, first lane): the whole blocks in place, then
+    the rest zero-padded to one block (zeros on both sides never count as changes)."""
+    full = raw.size // _BLOCK_BYTES * _BLOCK_BYTES
+    rest = np.zeros(_BLOCK_BYTES if full < raw.size else 0, dtype=np.uint8)
+    rest[: raw.size - full] = raw[full:]
+    return [(raw[:full].view(np.uint64).reshape(-1, _BLOCK_BYTES // 8), 0),
+            (rest.view(np.uint64).reshape(-1, _BLOCK_BYTES // 8), full // 2)]
 
 
-def changes(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (int64, sorted) of the 8-byte words whose bits differ, and old ^ new there.
+@dataclass(frozen=True)
+class _Changes:
+    """The changed lanes of a tensor as the streams of the format, uncompressed."""
 
-    A trailing partial word counts as zero-padded.
-    """
+    gaps: np.ndarray  # u8, ESCAPE where the gap is in ``escapes``
+    escapes: np.ndarray  # u32
+    low: np.ndarray  # u8, low byte of each XOR
+    high: np.ndarray  # u8, high byte of each XOR
+
+
+def _scan(old: np.ndarray, new: np.ndarray) -> _Changes:
+    kernels = _kernels()
+    n_lanes = -(-old.size // 2)
+    spare = kernels.reserve(n_lanes)
+    parts, last, capacity = [], -1, max(_MIN_CAPACITY, n_lanes // 64)
+    for (a, lane_base), (b, _) in zip(_blocks(old), _blocks(new), strict=True):
+        row = 0
+        while True:
+            out = [np.empty(capacity + spare, dtype=dtype)
+                   for dtype in (np.uint8, np.uint32, np.uint8, np.uint8)]
+            row, count, n_escapes, last = kernels.scan(a, b, row, lane_base, last, spare, *out)
+            parts.append((out[0][:count], out[1][:n_escapes], out[2][:count], out[3][:count]))
+            if row == a.shape[0]:
+                break
+            capacity *= 2
+    # the kernel ran at least once, so there is a part even for an empty tensor
+    parts = [part for part in parts if part[0].size] or parts[:1]
+    if len(parts) == 1:
+        return _Changes(*parts[0])
+    return _Changes(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+
+def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
+    """(changed lanes, delta): the count tells callers whether anything changed at all."""
     if old.nbytes != new.nbytes:
         raise ValueError(f"cannot diff {old.nbytes} bytes against {new.nbytes} bytes")
-    a, b = _raw_bytes(old), _raw_bytes(new)
-    a64, b64 = _words(a), _words(b)
-    xor = np.empty(min(_CHUNK_WORDS, a64.size), dtype=np.uint64)
-    mask = np.empty(xor.size, dtype=bool)
-    parts = []
-    for start in range(0, a64.size, _CHUNK_WORDS):
-        stop = min(start + _CHUNK_WORDS, a64.size)
-        x, m = xor[: stop - start], mask[: stop - start]
-        np.bitwise_xor(a64[start:stop], b64[start:stop], out=x)
-        np.not_equal(x, 0, out=m)
-        words = np.flatnonzero(m)
-        if words.size:
-            parts.append((words + start, x[words]))
-    tail = _tail_word(a) ^ _tail_word(b)
-    if tail.size and tail[0]:
-        parts.append((np.array([a64.size], dtype=np.int64), tail))
-    if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-def _planes(values: np.ndarray) -> bytes:
-    """Byte planes (all low bytes, then the next...): zstd then sees long zero runs."""
-    return np.ascontiguousarray(values.view(np.uint8).reshape(-1, values.itemsize).T).tobytes()
-
-
-def _unplanes(data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
-    planes = np.frombuffer(data, dtype=np.uint8)
-    if planes.size != count * dtype.itemsize:
-        raise CorruptError(f"delta section holds {planes.size} bytes, expected "
-                           f"{count * dtype.itemsize}")
-    return np.ascontiguousarray(planes.reshape(dtype.itemsize, count).T).view(dtype).reshape(-1)
+    changes = _scan(_raw_bytes(old), _raw_bytes(new))
+    count = changes.gaps.size
+    gaps, values = (zstandard.ZstdCompressor(compression_params=params)
+                    for params in (_GAPS_ZSTD, _VALUES_ZSTD))
+    streams = [(changes.gaps, gaps), (changes.escapes.astype("<u4"), gaps),
+               (changes.low, values), (changes.high, values)]
+    payload = [cctx.compress(stream) if stream.size else b"" for stream, cctx in streams]
+    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, changes.escapes.size,
+                        *(len(section) for section in payload))
+    crc = zlib.crc32(head)
+    for section in payload:
+        crc = zlib.crc32(section, crc)
+    return count, b"".join([head, _CRC.pack(crc), *payload])
 
 
 def encode_delta(old: np.ndarray, new: np.ndarray) -> bytes:
     """A self-checking delta that turns ``old``'s raw bits into ``new``'s, bit for bit."""
-    words, xor = changes(old, new)
-    width = 4 if old.nbytes <= 1 << 34 else 8
-    if words.size:
-        gaps = np.diff(words, prepend=-1) - 1
-        index = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(
-            _planes(gaps.astype(f"<u{width}")))
-        values = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(_planes(xor))
-    else:
-        index = values = b""
-    head = _HEADER.pack(MAGIC, FORMAT, width, 0, old.nbytes, words.size, len(index),
-                        len(values), 0)[:-4]
-    crc = zlib.crc32(values, zlib.crc32(index, zlib.crc32(head)))
-    return head + struct.pack("<I", crc) + index + values
+    return _encode(old, new)[1]
 
 
 @dataclass(frozen=True)
-class DecodedDelta:
-    """Changed word indices and XOR words of one delta, checked against its CRC."""
+class _Decoded:
+    """One delta, checked: ``lanes`` (ascending) all lie inside the tensor."""
 
-    n_bytes: int
-    words: np.ndarray
-    xor: np.ndarray
+    lanes: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
 
 
-def decode_delta(delta: bytes | memoryview | np.ndarray) -> DecodedDelta:
+def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
+    """The checked changes of ``delta``, which must be for a tensor of ``n_bytes``."""
     blob = delta.data if isinstance(delta, np.ndarray) else memoryview(delta).cast("B")
-    if len(blob) < _HEADER.size:
-        raise CorruptError(f"delta is {len(blob)} bytes, shorter than its {_HEADER.size}-byte "
-                           "header")
-    magic, fmt, width, _, n_bytes, count, n_index, n_values, crc = _HEADER.unpack(
-        blob[: _HEADER.size])
+    start = _HEADER.size + _CRC.size
+    if len(blob) < start:
+        raise CorruptError(f"delta is {len(blob)} bytes, shorter than its {start}-byte header")
+    magic, fmt, delta_bytes, count, n_escapes, *sizes = _HEADER.unpack(blob[: _HEADER.size])
     if magic != MAGIC or fmt != FORMAT:
         raise CorruptError(f"not an AstraFlow delta (magic {bytes(magic)!r}, format {fmt})")
-    if _HEADER.size + n_index + n_values != len(blob):
+    if start + sum(sizes) != len(blob):
         raise CorruptError(f"delta is {len(blob)} bytes, its header announces "
-                           f"{_HEADER.size + n_index + n_values}")
-    index = blob[_HEADER.size : _HEADER.size + n_index]
-    values = blob[_HEADER.size + n_index :]
-    actual = zlib.crc32(values, zlib.crc32(index, zlib.crc32(blob[: _HEADER.size - 4])))
+                           f"{start + sum(sizes)}")
+    (crc,) = _CRC.unpack(blob[_HEADER.size : start])
+    actual = zlib.crc32(blob[start:], zlib.crc32(blob[: _HEADER.size]))
     if actual != crc:
         raise CorruptError(f"delta checksum mismatch (crc32 {actual:08x}, expected {crc:08x}): "
                            "the delta is corrupt; fetch it again or pull a full snapshot")
-    n_words = -(-n_bytes // 8)
-    if width not in (4, 8) or count > n_words:
-        raise CorruptError(f"delta header is inconsistent (index width {width}, {count} changed "
-                           f"words of {n_words})")
-    if not count:
-        return DecodedDelta(n_bytes, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64))
-    try:
-        dctx = zstandard.ZstdDecompressor()
-        gap_bytes = dctx.decompress(index, max_output_size=count * width)
-        xor_bytes = dctx.decompress(values, max_output_size=count * 8)
-    except zstandard.ZstdError as exc:
-        raise CorruptError(f"delta payload does not decompress: {exc}") from exc
-    gaps = _unplanes(gap_bytes, np.dtype(f"<u{width}"), count).astype(np.int64)
-    gaps += 1
-    if gaps.min() < 1:
-        raise CorruptError("delta word gaps overflow")
-    words = np.cumsum(gaps)
-    words -= 1
-    if words[-1] >= n_words:
-        raise CorruptError(f"delta words run past the tensor's {n_bytes} bytes")
-    return DecodedDelta(n_bytes, words, _unplanes(xor_bytes, np.dtype("<u8"), count))
-
-
-def _patch(dst: np.ndarray, words: np.ndarray, xor: np.ndarray) -> None:
-    """XOR ``xor`` into the words of byte image ``dst``; the last word may be partial."""
-    d64 = _words(dst)
-    if words.size and words[-1] == d64.size:
-        rest = dst.size - d64.size * 8
-        dst[d64.size * 8 :] ^= xor[-1:].view(np.uint8)[:rest]
-        words, xor = words[:-1], xor[:-1]
-    d64[words] ^= xor
+    if delta_bytes != n_bytes:
+        raise ValueError(f"delta is for {delta_bytes} bytes, tensor has {n_bytes}")
+    n_lanes = -(-n_bytes // 2)
+    if count > n_lanes or n_escapes > count:
+        raise CorruptError(f"delta header is inconsistent ({count} changed lanes of {n_lanes}, "
+                           f"{n_escapes} escapes)")
+    dctx = zstandard.ZstdDecompressor()
+    streams, offset = [], start
+    for size, expected in zip(sizes, (count, 4 * n_escapes, count, count), strict=True):
+        try:
+            stream = dctx.decompress(blob[offset : offset + size],
+                                     max_output_size=expected) if size else b""
+        except zstandard.ZstdError as exc:
+            raise CorruptError(f"delta payload does not decompress: {exc}") from exc
+        if len(stream) != expected:
+            raise CorruptError(f"delta section holds {len(stream)} bytes, expected {expected}")
+        streams.append(stream)
+        offset += size
+    gaps, low, high = (np.frombuffer(streams[i], dtype=np.uint8) for i in (0, 2, 3))
+    escapes = np.frombuffer(streams[1], dtype="<u4")
+    lanes = np.empty(count, dtype=np.uint64)
+    if not _kernels().positions(gaps, escapes, n_lanes, lanes):
+        raise CorruptError(f"delta positions do not fit the tensor's {n_bytes} bytes")
+    if n_bytes % 2 and count and lanes[-1] == n_lanes - 1 and high[-1]:
+        raise CorruptError("delta changes a byte past the tensor's odd last byte")
+    return _Decoded(lanes, low, high)
 
 
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
                 out: np.ndarray | None = None) -> np.ndarray:
-    """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place."""
-    decoded = decode_delta(delta)
-    if decoded.n_bytes != old.nbytes:
-        raise ValueError(f"delta is for {decoded.n_bytes} bytes, tensor has {old.nbytes}")
+    """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place.
+
+    Into another buffer, the copy is one ``np.copyto``: a large copy streams past the
+    cache, which block-wise copy-and-patch loops cannot, and patching afterwards touches
+    only the changed lines.
+    """
+    decoded = _decode(delta, old.nbytes)
     if out is None:
-        out = np.array(old, order="C")
+        out = np.empty(old.shape, dtype=old.dtype)
     elif out.shape != old.shape or out.dtype != old.dtype or not out.flags.c_contiguous:
         raise ValueError("out must be a C-contiguous array of the same shape and dtype as old")
-    elif out is not old:
+    if out is not old:
         np.copyto(out, old)
-    _patch(out.reshape(-1).view(np.uint8), decoded.words, decoded.xor)
+    dst = out.reshape(-1).view(np.uint8)
+    lanes, low, high = decoded.lanes, decoded.low, decoded.high
+    if dst.size % 2 and lanes.size and lanes[-1] == dst.size // 2:
+        # the half lane of an odd last byte is patched here, not by the lane kernel
+        dst[-1] ^= low[-1]
+        lanes, low, high = lanes[:-1], low[:-1], high[:-1]
+    _kernels().patch(_lanes(dst), lanes, low, high)
     return out
 
 
@@ -211,8 +235,9 @@ def make_delta(base: Mapping[str, st.Tensor], target: Mapping[str, st.Tensor]) -
         raise ValueError("tensor names, dtypes or shapes changed; publish a full snapshot")
     blobs = {}
     for name, t in target.items():
-        if changes(base[name].data, t.data)[0].size:
-            blobs[name] = encode_delta(base[name].data, t.data)
+        count, blob = _encode(base[name].data, t.data)
+        if count:
+            blobs[name] = blob
     return blobs
 
 
