@@ -1,8 +1,0 @@
-"""Not implemented yet: selecting this option fails with a clear message."""
-
-from astraflow.errors import NotAvailableYetError
-
-raise NotAvailableYetError(
-    "data=replay is registered by astraflow-plugin-data-replay but not available yet "
-    "(tracked as issue 8)"
-)
