@@ -4,6 +4,7 @@ from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
 from astraflow.tasks.arithmetic import ArithmeticConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
+from astraflow.workflows.solve_verify import SolveVerifyConfig
 from astraflow.workflows.tool_use import ToolUseConfig
 
 
@@ -49,4 +50,10 @@ def astraflow_register_workflows(register):
         "astraflow.workflows.tool_use:ToolUseWorkflow",
         ToolUseConfig,
         description="Multi-turn: the policy may call a calculator tool before answering.",
+    )
+    register(
+        "solve_verify",
+        "astraflow.workflows.solve_verify:SolveVerifyWorkflow",
+        SolveVerifyConfig,
+        description="Two policies: a solver answers, a verifier judges, one retry.",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -47,3 +48,21 @@ def trainer_settings(cfg: DictConfig, policy: str) -> DictConfig:
     if lr is not None and "lr" in trainer:
         trainer.lr = lr
     return trainer
+
+
+def resolve_policies(cfg: DictConfig) -> dict[str, Any]:
+    """One policy per workflow role.
+
+    A role's settings come from ``policies.<role>``, else from ``policies.policy`` (the
+    template every run has), else the defaults. Any other name is a typo: an error.
+    """
+    from astraflow.config import PolicyConfig
+
+    roles = get_registry().get("workflow", cfg.workflow.name).load().roles
+    given = OmegaConf.to_container(cfg.policies, resolve=True) if cfg.policies else {}
+    unknown = set(given) - set(roles) - {"policy"}
+    if unknown:
+        raise ConfigError(f"policies {sorted(unknown)} are not roles of "
+                          f"workflow={cfg.workflow.name} (roles: {list(roles)})")
+    template = given.get("policy") or dataclasses.asdict(PolicyConfig())
+    return {role: given.get(role, template) for role in roles}

@@ -34,7 +34,7 @@ class Evaluator:
         self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
         self.metrics_path = Path(metrics_path)
 
-    async def evaluate(self, backend, workflow, roles, tasks) -> dict[str, float]:
+    async def evaluate(self, backends, workflow, roles, tasks) -> dict[str, float]:
         """Mean reward on the held-out tasks: sampled like training, and greedy."""
         from omegaconf import OmegaConf
 
@@ -47,7 +47,7 @@ class Evaluator:
             workflow.config = OmegaConf.merge(base, {"temperature": temperature})
             defaults = {"max_new_tokens": base.get("max_new_tokens", 16),
                         "temperature": temperature}
-            handles = {role: EnginePolicy(p, backend, defaults) for role, p in roles.items()}
+            handles = {role: EnginePolicy(p, backends[p], defaults) for role, p in roles.items()}
             results = await asyncio.gather(*(workflow.run(t, handles, samples) for t in tasks))
             mine = [traj.reward for trajs in results for traj in trajs
                     if roles.get(traj.policy, traj.policy) == self.policy]
@@ -68,28 +68,33 @@ class Evaluator:
         workflow = build_workflow(cfg, tokenizer)
         roles = role_map(cfg, workflow.roles)
         tasks = get_registry().get("task", cfg.task.name).create(cfg.task).eval_tasks()
-        backend = get_registry().get("rollout_backend", cfg.raas.name).create(
-            cfg.raas, cfg.model.path)
-        await backend.start()
+        entry = get_registry().get("rollout_backend", cfg.raas.name)
+        # one engine per policy: the others play their part at their newest version
+        backends = {policy: entry.create(cfg.raas, cfg.model.path) for policy in roles.values()}
+        for backend in backends.values():
+            await backend.start()
         try:
             last = 0
-            self._log(0, await self.evaluate(backend, workflow, roles, tasks))
+            self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             while True:
                 done = os.path.exists(done_marker)
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
                 if latest is not None and latest > last and (
                         done or latest - last >= cfg.eval_every):
-                    version, path = await asyncio.to_thread(self.weights.sync, self.policy,
-                                                            latest)
-                    await backend.load_weights(str(path), version)
-                    self._log(version, await self.evaluate(backend, workflow, roles, tasks))
-                    last = version
+                    for policy, backend in backends.items():
+                        target = latest if policy == self.policy else None
+                        version, path = await asyncio.to_thread(self.weights.sync, policy,
+                                                                target)
+                        await backend.load_weights(str(path), version)
+                    self._log(latest, await self.evaluate(backends, workflow, roles, tasks))
+                    last = latest
                 elif done:
                     return
                 else:
                     await asyncio.sleep(0.5)
         finally:
-            await backend.shutdown()
+            for backend in backends.values():
+                await backend.shutdown()
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:
         record = {"kind": "eval", "policy": self.policy, "version": version, **accuracies,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from omegaconf import DictConfig, OmegaConf
 
-from astraflow.components import policy_names
+from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.launch.report import write_report
 from astraflow.plugins import get_registry
@@ -120,12 +120,15 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.run_dir = str(run_dir)
+    cfg.policies = resolve_policies(cfg)
     if cfg.model.path is None:
         from astraflow.models.tiny import make_tiny_model
 
         tasks = list(get_registry().get("task", cfg.task.name).create(cfg.task).train_tasks())
+        workflow_cls = get_registry().get("workflow", cfg.workflow.name).load()
+        tasks = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
         cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-        out = cache / "models" / f"tiny-{cfg.task.name}-seed{cfg.seed}"
+        out = cache / "models" / f"tiny-{cfg.task.name}-{cfg.workflow.name}-seed{cfg.seed}"
         model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
                                                         cfg.model))
         cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
