@@ -7,12 +7,14 @@ from typing import Any
 
 import httpx
 import msgpack
+import numpy as np
 import pytest
 from dataflow_helpers import TOKEN, make_trajectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from astraflow.dataflow.client import SOCKET_OPTIONS
+from astraflow.dataflow.wire import pack_trajectory
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 VALID: dict[str, dict[str, Any]] = {
@@ -116,6 +118,29 @@ def test_inconsistent_trajectories_are_rejected(http, change, says):
                          headers={**AUTH, "Content-Type": "application/msgpack"})
     else:
         resp = http.post("/v1/trajectories", content=json.dumps(body), headers=AUTH)
+    assert resp.status_code == 422, resp.text
+    assert says in resp.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("index", "change", "says"),
+    [
+        (1, {"tokens": np.array([1, 2, 3, 4, 5, 6, 7, -5], "<i4").tobytes()},
+         "trajectories.1.tokens: token ids"),
+        (2, {"loss_mask": bytes([0, 0, 0, 1, 1, 1, 1, 2])}, "trajectories.2.loss_mask: entries"),
+        (2, {"logprobs": np.array([0] * 7 + [np.inf], "<f4").tobytes()},
+         "trajectories.2.logprobs: trained tokens need finite"),
+        (1, {"versions": np.array([-1] * 3 + [0] * 4 + [-1], "<i4").tobytes()},
+         "trajectories.1.versions: trained tokens need the weight version"),
+    ],
+)
+def test_a_bad_trajectory_among_good_ones_is_named(http, index, change, says):
+    """The checks run over a whole submission at once; the message still names the culprit."""
+    trajs = [pack_trajectory(make_trajectory("t", reward=float(k))) for k in range(3)]
+    trajs[index] = {**trajs[index], **change}
+    body = msgpack.packb({"lease_id": "t|1", "trajectories": trajs})
+    resp = http.post("/v1/trajectories", content=body,
+                     headers={**AUTH, "Content-Type": "application/msgpack"})
     assert resp.status_code == 422, resp.text
     assert says in resp.json()["detail"]
 

@@ -37,7 +37,7 @@ from astraflow.dataflow.wire import (
     RegisterIn,
     SubmitIn,
     TasksIn,
-    check_trajectory,
+    check_trajectories,
     unpack_trajectory,
 )
 from astraflow.errors import ConfigError
@@ -610,7 +610,7 @@ class DataflowService:
 
     async def submit(self, req: SubmitIn) -> dict[str, Any]:
         """Accept every policy's trajectories of one leased task, exactly once."""
-        checked = [check_trajectory(t, i) for i, t in enumerate(req.trajectories)]
+        checked = check_trajectories(req.trajectories)
         rec = self._lease_task(req.lease_id)
         if rec is None:
             self.counters["submissions_duplicate"] += 1

@@ -5,6 +5,10 @@ arrive together share one transaction (each in its own savepoint, so one failing
 does not undo its neighbours), and a job's future resolves only after COMMIT. With
 WAL, a commit survives the process being killed (``synchronous=NORMAL``); ``FULL``
 also survives a power cut at the cost of an fsync per commit.
+
+The writer hands a transaction's outcomes back to the event loop in one callback: a
+cross-thread wake-up per commit, not per job, is what keeps the loop thread (the
+service's bottleneck) free for requests.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +26,8 @@ from astraflow.errors import ConfigError
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], Any]
+#: a queued job and the event-loop future its outcome resolves
+Entry = tuple[Job, asyncio.AbstractEventLoop, asyncio.Future]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -64,9 +69,6 @@ class Store:
             raise ConfigError(f"store {directory} is in use by another dataflow service") from None
         self.path = directory / "dataflow.sqlite3"
         self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        # trajectories are ~10 KB blobs: larger pages mean fewer overflow pages per row
-        # (takes effect only when the database is created)
-        self.conn.execute("PRAGMA page_size=16384")
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.conn.execute("PRAGMA temp_store=MEMORY")
@@ -74,7 +76,7 @@ class Store:
         # checkpoints run on their own thread (see _checkpoint), never inside a commit
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
         self.conn.executescript(SCHEMA)
-        self._queue: queue.SimpleQueue[tuple[Job, Future] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._checkpointer: threading.Thread | None = None
@@ -104,14 +106,12 @@ class Store:
         finally:
             conn.close()
 
-    def submit(self, job: Job) -> Future:
-        future: Future = Future()
-        self._queue.put((job, future))
-        return future
-
     async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``job`` in the writer's next transaction; return once it is committed."""
-        return await asyncio.wrap_future(self.submit(job))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put((job, loop, future))
+        return await future
 
     def close(self) -> None:
         """Finish queued jobs, then close the database and release the directory."""
@@ -147,12 +147,12 @@ class Store:
             if stop:
                 return
 
-    def _transaction(self, jobs: list[tuple[Job, Future]]) -> None:
+    def _transaction(self, jobs: list[Entry]) -> None:
         conn = self.conn
-        outcomes: list[tuple[Future, Any, BaseException | None]] = []
+        outcomes: list[tuple[asyncio.Future, Any, BaseException | None]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for job, future in jobs:
+            for job, _loop, future in jobs:
                 conn.execute("SAVEPOINT job")
                 try:
                     result = job(conn)
@@ -166,11 +166,23 @@ class Store:
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            for _, future in jobs:
-                future.set_exception(exc)
-            return
-        for future, result, error in outcomes:
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            outcomes = [(future, None, exc) for _job, _loop, future in jobs]
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for (_job, loop, _future), outcome in zip(jobs, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append(outcome)
+        for loop, resolved in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, resolved)
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
+                continue
+
+
+def _resolve(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    """On the event loop: hand each job's outcome to the request awaiting it."""
+    for future, result, error in outcomes:
+        if future.cancelled():
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
