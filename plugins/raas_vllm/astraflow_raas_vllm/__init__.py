@@ -13,6 +13,18 @@ class VLLMConfig:
     """Settings of ``raas=vllm``."""
 
     name: str = "vllm"
+    dtype: str = "float32"  # engine compute dtype: float32 | bfloat16 | float16 | auto
+    # KV cache size; on CPU it is RAM, and vLLM's default sizing fails on small hosts.
+    # null sizes it from gpu_memory_utilization instead (what a GPU node wants).
+    kv_cache_gib: float | None = 1.0
+    gpu_memory_utilization: float = 0.5  # on CPU: the fraction of RAM vLLM may claim
+    max_model_len: int | None = None  # null: the model's max_position_embeddings
+    max_num_seqs: int = 256  # sequences decoded together (after expanding n)
+    # Eager mode skips torch.compile and graph capture: minutes saved at start-up for a
+    # tiny model; set false on a GPU node serving a real one.
+    enforce_eager: bool = True
+    seed: int = 0  # sampling seed of requests that carry none
+    shutdown_timeout: float = 30.0  # seconds the engine processes get to exit cleanly
 
 
 @hookimpl

