@@ -39,6 +39,7 @@ from astraflow.dataflow.wire import (
     jsonable_item,
     parse,
 )
+from astraflow.plugins import Registry
 from astraflow.security import BodySizeLimit, bearer_auth
 
 NODE_ID = Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -110,9 +111,13 @@ def _weights_router(settings: DataflowSettings, service: DataflowService,
 
 
 def create_app(settings: DataflowSettings, token: str,
-               extra_routers: Iterable[APIRouter] = ()) -> FastAPI:
-    """The data layer as an ASGI app; ``app.state.service`` is its :class:`DataflowService`."""
-    service = DataflowService(settings)
+               extra_routers: Iterable[APIRouter] = (), registry: Registry | None = None
+               ) -> FastAPI:
+    """The data layer as an ASGI app; ``app.state.service`` is its :class:`DataflowService`.
+
+    ``registry`` picks the plugins' implementations (default: the installed plugins).
+    """
+    service = DataflowService(settings, registry)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -221,9 +226,13 @@ def create_app(settings: DataflowSettings, token: str,
         return PlainTextResponse(service.metrics(), media_type="text/plain; version=0.0.4")
 
     @r.post("/v1/echo")
-    async def echo(request: Request) -> dict[str, int]:
-        """Read the body and answer its size: the stack's ceiling, for benchmarks."""
-        return {"bytes": len(await request.body())}
+    async def echo(request: Request) -> Response:
+        """Read the body and answer its size: the stack's ceiling, for benchmarks.
+
+        It answers the way every route does (``_reply``), so the ceiling carries the
+        same per-request cost as a submission minus decoding, checking and storing.
+        """
+        return _reply(request, {"bytes": len(await request.body())})
 
     @r.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:

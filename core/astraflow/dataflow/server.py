@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
+from astraflow.plugins import Registry
 
 URL_FILE = "url"
 
@@ -55,11 +56,12 @@ def _server(app: FastAPI) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def serve(settings: DataflowSettings, host: str, port: int, token: str) -> None:
+def serve(settings: DataflowSettings, host: str, port: int, token: str,
+          registry: Registry | None = None) -> None:
     """Serve until SIGINT/SIGTERM; prints ``astraflow dataflow listening on URL``."""
     sock = _bind(host, port)
     url = _url(host, sock)
-    server = _server(create_app(settings, token))
+    server = _server(create_app(settings, token, registry=registry))
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -83,9 +85,9 @@ class BackgroundServer:
     """
 
     def __init__(self, settings: DataflowSettings, token: str, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, registry: Registry | None = None) -> None:
         self.settings = settings
-        self.app = create_app(settings, token)
+        self.app = create_app(settings, token, registry=registry)
         self._sock = _bind(host, port)
         self.url = _url(host, self._sock)
         self._server = _server(self.app)

@@ -41,7 +41,7 @@ from astraflow.dataflow.wire import (
     unpack_trajectory,
 )
 from astraflow.errors import ConfigError
-from astraflow.plugins import get_registry, missing_option_message
+from astraflow.plugins import Registry, get_registry, missing_option_message
 from astraflow.rl.advantages import group_advantages
 from astraflow.types import Task, Trajectory
 
@@ -134,10 +134,11 @@ def _upsert_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
 class DataflowService:
     """Everything the HTTP routes do, independent of HTTP."""
 
-    def __init__(self, settings: DataflowSettings) -> None:
+    def __init__(self, settings: DataflowSettings, registry: Registry | None = None) -> None:
+        """``registry`` defaults to the installed plugins' (``astraflow.plugins``)."""
         self.settings = settings
         self.policies = dict(settings.policies)
-        registry = get_registry()
+        registry = registry or get_registry()
         self.source = None
         if settings.task:
             entry = registry.get("task", settings.task["name"])
@@ -152,10 +153,13 @@ class DataflowService:
         algos = self.algorithms.values()
         self.selectors = [a for a in algos if isinstance(a, TaskSelector)]
         self.filters = [a for a in algos if isinstance(a, TrajectoryFilter)]
-        samplers = [a for a in algos if isinstance(a, BatchSampler)]
+        samplers = [name for name, a in self.algorithms.items() if isinstance(a, BatchSampler)]
         if len(samplers) > 1:
-            raise ConfigError("at most one batch sampler can serve batches; got several")
-        self.sampler: BatchSampler | None = samplers[0] if samplers else None
+            raise ConfigError(
+                f"at most one batch sampler can compose batches; got {', '.join(samplers)}: "
+                "select one of them"
+            )
+        self.sampler: BatchSampler | None = self.algorithms[samplers[0]] if samplers else None
 
         self.store = Store(settings.store_path, settings.synchronous)
         self.counters: Counter = Counter()
@@ -169,6 +173,8 @@ class DataflowService:
         self.replayable: dict[str, OrderedDict[int, ItemRec]] = {
             p: OrderedDict() for p in self.policies
         }
+        #: fresh items served in a batch not yet acknowledged
+        self.in_batches: dict[int, ItemRec] = {}
         self.outstanding: dict[tuple[str, str], BatchRec] = {}
         self.batches: dict[str, BatchRec] = {}
         self.acked: set[str] = set()
@@ -232,6 +238,7 @@ class DataflowService:
                 self.fresh[policy][item_id] = rec
             elif state == SERVED:
                 served.setdefault(batch_id, []).append(item_id)
+                self.in_batches[item_id] = rec
             else:
                 self.replayable[policy][item_id] = rec
         for batch_id, policy, trainer_id, state, version, replay, created in conn.execute(
@@ -504,6 +511,7 @@ class DataflowService:
         node = self._active(req.node_id)
         node.last_seen = time.monotonic()
         give_up = time.monotonic() + req.wait
+        cursor_was, skipped_was = (self.epoch, self.index), self.counters["tasks_skipped"]
         while True:
             changed = self._changed
             granted, reasons = self._grant(node, req)
@@ -511,7 +519,10 @@ class DataflowService:
             if granted or remaining <= 0:
                 break
             await self._wait(changed, remaining)
-        if granted:
+        # task selectors may skip every task they see: their state, the skips and the
+        # dataset cursor are written all the same
+        if granted or (self.epoch, self.index) != cursor_was:
+            skipped = Counter(tasks_skipped=self.counters["tasks_skipped"] - skipped_was)
             deltas = Counter(
                 tasks_leased=len(granted),
                 tasks_issued=sum(r.attempt == 1 for r in granted),
@@ -535,7 +546,7 @@ class DataflowService:
                 conn.execute(
                     "INSERT OR REPLACE INTO meta(key, value) VALUES ('cursor', ?)", (cursor,)
                 )
-                _upsert_counters(conn, deltas)
+                _upsert_counters(conn, deltas + skipped)
                 self._save_plugins(conn, plugins)
 
             await self.store.run(job)
@@ -646,11 +657,13 @@ class DataflowService:
             "leased_at": (rec.deadline or now) - self.settings.lease_seconds,
             "accepted_at": now,
         }
-        source_task = Task(**{**rec.task, "task_id": stamp["source_task_id"]})
+        if self.selectors:
+            source_task = Task(**{**rec.task, "task_id": stamp["source_task_id"]})
         groups: dict[tuple[str, str], list[CheckedTrajectory]] = {}
         for ct in checked:
             groups.setdefault((ct.group_id, ct.policy), []).append(ct)
         deltas = Counter(tasks_completed=1)
+        accepted = filtered = dropped = 0
         rows: list[tuple] = []
         items: list[ItemRec] = []
         for (group_id, policy), members in groups.items():
@@ -662,19 +675,21 @@ class DataflowService:
                 group: list[Trajectory] = [ct.to_trajectory() for ct in members]
                 if not all(f.keep(group) for f in self.filters):
                     deltas[f"filtered:{policy}"] += len(members)
+                    filtered += len(members)
                     continue
-            advantages = group_advantages(rewards)
-            for ct, advantage in zip(members, advantages, strict=True):
+            meta = {**stamp, "group_size": len(members)}
+            for ct, advantage in zip(members, group_advantages(rewards), strict=True):
                 if self._stale(policy, ct.min_version):
                     deltas[f"dropped_stale:{policy}"] += 1
+                    dropped += 1
                     continue
-                meta = {**ct.metadata, **stamp, "group_size": len(members)}
                 item = ItemRec(self.next_item, policy, rec.task_id, group_id, ct.min_version)
                 self.next_item += 1
                 items.append(item)
                 rows.append((item.id, policy, rec.task_id, group_id, FRESH, ct.min_version,
-                             ct.payload(advantage, meta)))
+                             ct.payload(advantage, {**ct.metadata, **meta})))
                 deltas[f"accepted:{policy}"] += 1
+                accepted += 1
         plugins = self._plugin_updates()
 
         def job(conn: sqlite3.Connection) -> None:
@@ -697,7 +712,6 @@ class DataflowService:
         self.counters.update(deltas)
         for item in items:
             self.fresh[item.policy][item.id] = item
-        accepted = sum(v for k, v in deltas.items() if k.startswith("accepted:"))
         if accepted:
             self.autoscale.produce(pool, accepted)
         for policy in {i.policy for i in items}:
@@ -706,8 +720,8 @@ class DataflowService:
             "status": "accepted",
             "task_id": rec.task_id,
             "accepted": accepted,
-            "filtered": sum(v for k, v in deltas.items() if k.startswith("filtered:")),
-            "dropped_stale": sum(v for k, v in deltas.items() if k.startswith("dropped_stale:")),
+            "filtered": filtered,
+            "dropped_stale": dropped,
         }
 
     # ---- batches ---------------------------------------------------------------------
@@ -798,6 +812,7 @@ class DataflowService:
         rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, self.versions[policy],
                        time.time())
         taken = [self.fresh[policy].pop(i) for i in ids]
+        self.in_batches.update((item.id, item) for item in taken)
         self.outstanding[(policy, trainer_id)] = rec
         self.batches[rec.batch_id] = rec
 
@@ -825,6 +840,7 @@ class DataflowService:
         except Exception:
             del self.outstanding[(policy, trainer_id)], self.batches[rec.batch_id]
             for item in taken:
+                del self.in_batches[item.id]
                 self.fresh[policy][item.id] = item
             raise
         return rec, payloads
@@ -842,10 +858,15 @@ class DataflowService:
                           f"replayed:{policy}": len(rec.replay)})
         keep = self.sampler is not None
         evict: list[int] = []
+        trained = [self.in_batches.pop(item_id) for item_id in rec.items]
         if keep:
+            # the replay pool holds only what may still be trained on: never a stale item
             pool = self.replayable[policy]
-            for item_id in rec.items:
-                pool[item_id] = ItemRec(item_id, policy, "", "", -1)
+            for item in trained:
+                if self._stale(policy, item.min_version):
+                    evict.append(item.id)
+                else:
+                    pool[item.id] = item
             while len(pool) > self.settings.buffer_capacity:
                 evict.append(pool.popitem(last=False)[0])
 
@@ -905,6 +926,11 @@ class DataflowService:
         for item_id in stale:
             del self.fresh[policy][item_id]
         deltas = Counter({f"dropped_stale:{policy}": len(stale)})
+        # consumed items too old to be replayed go as well (trained on, so not counted)
+        pool = self.replayable[policy]
+        too_old = [i for i, r in pool.items() if self._stale(policy, r.min_version)]
+        for item_id in too_old:
+            del pool[item_id]
         plugins = self._plugin_updates()
 
         def job(conn: sqlite3.Connection) -> None:
@@ -914,7 +940,7 @@ class DataflowService:
                 (policy, version),
             )
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                         (json.dumps(stale),))
+                         (json.dumps(stale + too_old),))
             _upsert_counters(conn, deltas)
             self._save_plugins(conn, plugins)
 
@@ -992,6 +1018,7 @@ class DataflowService:
                 name: sum(c[f"{name}:{p}"] for p in self.policies)
                 for name in ("accepted", "filtered", "consumed", "dropped_stale", "replayed")
             },
+            "store": {"wal_frames_pending": self.store.wal_frames_pending},
         }
 
     def autoscale_report(self) -> dict[str, Any]:

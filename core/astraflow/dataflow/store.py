@@ -80,6 +80,8 @@ class Store:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._checkpointer: threading.Thread | None = None
+        #: WAL frames not yet copied into the database at the last checkpoint (its lag)
+        self.wal_frames_pending = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dataflow-store", daemon=True)
@@ -99,10 +101,12 @@ class Store:
         try:
             while not self._stopped.wait(0.5):
                 size = wal.stat().st_size if wal.exists() else 0
-                if size > WAL_LIMIT:
-                    conn.execute("PRAGMA wal_checkpoint(RESTART)")
-                elif size:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if size:
+                    mode = "RESTART" if size > WAL_LIMIT else "PASSIVE"
+                    _busy, frames, copied = conn.execute(
+                        f"PRAGMA wal_checkpoint({mode})"
+                    ).fetchone()
+                    self.wal_frames_pending = max(0, frames - copied)
         finally:
             conn.close()
 
