@@ -122,9 +122,9 @@ def test_gaps_of_four_billion_lanes_are_bridged():
     row, count, n_escapes, _ = kernels.scan(old, new, 0, base, -1,
                                             kernels.reserve(base + 256), *out)
     gaps, escapes, low, high = out[0][:count], out[1][:n_escapes], out[2][:count], out[3][:count]
-    lanes = np.empty(count, np.uint64)
     assert row == 1
-    assert kernels.positions(gaps, escapes, base + 256, lanes)
+    lanes = np.empty(count, np.uint64)
+    assert kernels.positions(gaps, escapes, base + 4 * 5 + 3, lanes)
     changed = (low != 0) | (high != 0)
     assert lanes[changed].tolist() == [base, base + 4 * 5 + 2]
     assert high[changed].tolist() == [0, 2]

@@ -76,9 +76,10 @@ def scan(a: np.ndarray, b: np.ndarray, row: int, lane_base: int, last: int, spar
                     k += 1
                     e += 1
                     gap -= _MAX_GAP + 1
-                if gap >= ESCAPE:
-                    escapes[e] = gap
-                    e += 1
+                # written unconditionally, kept only if it escapes: a branch taken for
+                # one change in thirteen would be mispredicted too often
+                escapes[e] = gap
+                e += gap >= ESCAPE
                 gaps[k] = min(gap, ESCAPE)
                 value = x >> shift
                 low[k] = value & np.uint64(0xFF)
