@@ -9,6 +9,11 @@ runs several client processes, each with several concurrent requests:
   same stack, no decoding, no store): the ceiling ingest is measured against;
 * serve  -- trainers (distinct trainer ids) pulling batches and acknowledging them.
 
+On a machine shared with other work the rates drift with the neighbours' load, so the
+CPU each phase cost (server process from /proc, clients from their own clocks) is
+reported too, per trajectory: ``cpu_ratio`` is the ingest-to-echo ratio a machine of
+our own would give while both are CPU-bound.
+
     python bench/dataflow.py --seconds 8 --out bench/results/dataflow.json
 """
 
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +64,17 @@ def _wire_group(group_size: int, tokens: int, prompt: int = 128) -> list[dict[st
 
 
 async def _ingest_worker(url: str, seconds: float, concurrency: int, group_size: int,
-                         tokens: int, echo: bool) -> tuple[int, float]:
-    """Trajectories acknowledged (or echoed) by this process, and the seconds it took.
+                         tokens: int, echo: bool) -> tuple[int, float, float]:
+    """Trajectories acknowledged (or echoed) by this process, the seconds it took and
+    the CPU seconds it spent.
 
-    The clock starts after registration, so process start-up is not measured.
+    The clocks start after registration, so process start-up is not measured.
     """
     group = _wire_group(group_size, tokens)
     done = 0
     async with AsyncDataflowClient(url, TOKEN) as client:
         node = await client.register("raas", pool="bench")
+        cpu = time.process_time()
         start = time.monotonic()
         stop = start + seconds
         http = httpx.AsyncClient(base_url=url, transport=httpx.AsyncHTTPTransport(
@@ -89,18 +97,20 @@ async def _ingest_worker(url: str, seconds: float, concurrency: int, group_size:
 
         await asyncio.gather(*(loop() for _ in range(concurrency)))
         elapsed = time.monotonic() - start
+        cpu = time.process_time() - cpu
         await http.aclose()
-    return done, elapsed
+    return done, elapsed, cpu
 
 
-def _ingest_process(args: tuple) -> tuple[int, float]:
+def _ingest_process(args: tuple) -> tuple[int, float, float]:
     return asyncio.run(_ingest_worker(*args))
 
 
-def _serve_process(args: tuple) -> tuple[int, float]:
+def _serve_process(args: tuple) -> tuple[int, float, float]:
     url, seconds, batch, trainer_id = args
     served = 0
     with DataflowClient(url, TOKEN) as client:
+        cpu = time.process_time()
         start = time.monotonic()
         stop = start + seconds
         while time.monotonic() < stop:
@@ -110,13 +120,50 @@ def _serve_process(args: tuple) -> tuple[int, float]:
             client.ack_batch(b.batch_id, wait_seconds=0.0, step_seconds=0.0)
             served += len(b.items)
         elapsed = time.monotonic() - start
-    return served, elapsed
+    return served, elapsed, time.process_time() - cpu
 
 
-def _phase(pool: Any, fn: Any, jobs: list[tuple]) -> tuple[int, float]:
-    """Total count over the slowest worker's measured window."""
+def _server_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the server process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Phase:
+    """One phase: the total count over the slowest worker's window, and its CPU cost."""
+
+    count: int
+    seconds: float
+    client_cpu: float
+    server_cpu: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def cpu_us(self) -> float:
+        """Server plus client CPU microseconds per trajectory."""
+        return (self.client_cpu + self.server_cpu) / self.count * 1e6
+
+    def report(self) -> dict[str, Any]:
+        return {"trajectories": self.count, "seconds": round(self.seconds, 3),
+                "trajectories_per_s": round(self.rate, 1),
+                "cpu_us_per_trajectory": {
+                    "server": round(self.server_cpu / self.count * 1e6, 1),
+                    "clients": round(self.client_cpu / self.count * 1e6, 1)}}
+
+
+def _phase(pool: Any, fn: Any, jobs: list[tuple], server: int,
+           after: Any = None) -> Phase:
+    """Run ``jobs``; the server's CPU is counted until ``after()`` (if given) returns."""
+    cpu = _server_cpu(server)
     results = pool.map(fn, jobs)
-    return sum(r[0] for r in results), max(r[1] for r in results)
+    if after is not None:
+        after()
+    return Phase(sum(r[0] for r in results), max(r[1] for r in results),
+                 sum(r[2] for r in results), _server_cpu(server) - cpu)
 
 
 def _settle(client: DataflowClient, timeout: float = 60.0) -> None:
@@ -169,32 +216,32 @@ def main() -> None:
                             False)] * args.clients
             echo_jobs = [(url, args.seconds, args.concurrency, args.group_size, args.tokens,
                           True)] * args.clients
-            # echo before and after ingest: neighbours' load drifts, the mean is fairer
-            echo_before = _phase(pool, _ingest_process, echo_jobs)
-            ingested, ingest_s = _phase(pool, _ingest_process, ingest_jobs)
-            _settle(probe)
-            echo_after = _phase(pool, _ingest_process, echo_jobs)
+            # echo before and after ingest: neighbours' load drifts, the mean is fairer;
+            # ingest is charged for its WAL checkpoint, which runs on after the clients stop
+            echos = [_phase(pool, _ingest_process, echo_jobs, server.pid)]
+            ingest = _phase(pool, _ingest_process, ingest_jobs, server.pid,
+                            after=lambda: _settle(probe))
+            echos.append(_phase(pool, _ingest_process, echo_jobs, server.pid))
             serve_jobs = [(url, args.seconds, args.batch, f"trainer-{i}")
                           for i in range(args.clients)]
-            served, serve_s = _phase(pool, _serve_process, serve_jobs)
+            serve = _phase(pool, _serve_process, serve_jobs, server.pid)
         status = probe.status()
         probe.close()
     finally:
         server.terminate()
         server.wait(30)
-    ingest_rate = ingested / ingest_s
-    echo_rates = [count / secs for count, secs in (echo_before, echo_after)]
-    echo_rate = sum(echo_rates) / 2
+    echo_rate = sum(e.rate for e in echos) / 2
+    echo_cpu = sum(e.cpu_us for e in echos) / 2
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average": os.getloadavg()},
         "setup": {**vars(args), "store": "sqlite WAL, synchronous=NORMAL"},
-        "ingest": {"trajectories": ingested, "seconds": round(ingest_s, 3),
-                   "trajectories_per_s": round(ingest_rate, 1)},
+        "ingest": ingest.report(),
         "echo": {"trajectories_per_s": round(echo_rate, 1),
-                 "before_and_after_ingest": [round(r, 1) for r in echo_rates]},
-        "ingest_to_echo_ratio": round(ingest_rate / echo_rate, 3),
-        "serve": {"trajectories": served, "seconds": round(serve_s, 3),
-                  "trajectories_per_s": round(served / serve_s, 1)},
+                 "before_and_after_ingest": [e.report() for e in echos]},
+        "ingest_to_echo_ratio": round(ingest.rate / echo_rate, 3),
+        "cpu_ratio": round(echo_cpu / ingest.cpu_us, 3),
+        "serve": serve.report(),
         "server_counts": {"accepted": status["trajectories"]["accepted"],
                           "consumed": status["trajectories"]["consumed"]},
     }
