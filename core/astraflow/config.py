@@ -79,6 +79,7 @@ class AstraFlowConfig:
     eval_every: int = 50
     eval_samples: int = 8  # samples per held-out task for eval_accuracy
     num_nodes: int = 1
+    node_concurrency: int = 16  # tasks in flight per RaaS node
     policies: dict[str, PolicyConfig] = field(default_factory=lambda: {"policy": PolicyConfig()})
     model: ModelConfig = field(default_factory=ModelConfig)
     dataflow: DataflowConfig = field(default_factory=DataflowConfig)

@@ -53,11 +53,14 @@ def cmd_raas(argv: list[str]) -> int:
     parser.add_argument("--pool", default="default")
     parser.add_argument("--region", default="local")
     parser.add_argument("--name", default=None)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=16, help="tasks in flight")
+    parser.add_argument("--sync-tasks", type=int, default=0,
+                        help="synchronous baseline: tasks per iteration (0: asynchronous)")
     args = parser.parse_args(argv)
     _logging()
     cfg = load_config(args.config)
-    options = NodeOptions(pool=args.pool, region=args.region, concurrency=args.concurrency)
+    options = NodeOptions(pool=args.pool, region=args.region, concurrency=args.concurrency,
+                          sync_tasks=args.sync_tasks)
 
     async def main() -> None:
         stop = _stop_on_signals(asyncio.get_running_loop())

@@ -5,6 +5,7 @@ each a subprocess of ``python -m astraflow``; live progress; a run directory.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
+from astraflow.errors import ConfigError
 from astraflow.launch.report import write_report
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token
@@ -85,8 +87,13 @@ class LocalRun:
             self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
                        "--metrics", str(metrics / f"eval-{policy}.jsonl"),
                        "--done-marker", str(self.run_dir / "final" / policy / "config.json"))
+        extra = []
+        if self.cfg.mode == "sync":
+            per_iteration = math.ceil(self.cfg.batch_size / self.cfg.group_size)
+            extra = ["--sync-tasks", str(math.ceil(per_iteration / self.cfg.num_nodes))]
         for i in range(self.cfg.num_nodes):
-            self.spawn(f"raas-{i}", "raas", *self.component_args(), "--name", f"node-{i}")
+            self.spawn(f"raas-{i}", "raas", *self.component_args(), "--name", f"node-{i}",
+                       "--concurrency", str(self.cfg.node_concurrency), *extra)
 
     def status(self) -> dict[str, Any]:
         try:
@@ -121,6 +128,14 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.run_dir = str(run_dir)
     cfg.policies = resolve_policies(cfg)
+    if cfg.mode not in ("async", "sync"):
+        raise ConfigError(f"mode={cfg.mode!r}; choose async or sync")
+    if cfg.mode == "sync":
+        # every rollout of an iteration uses the newest weights (the nodes wait for them);
+        # a policy fed more than its batch per iteration (a verifier judging retries)
+        # carries the surplus over to the next iteration, one version old at most
+        for policy in cfg.policies.values():
+            policy.max_staleness = 1
     if cfg.model.path is None:
         from astraflow.models.tiny import make_tiny_model
 

@@ -34,6 +34,9 @@ class NodeOptions:
     concurrency: int = 16  # tasks in flight
     refresh_interval: float = 0.5  # seconds between checks for newer weights
     heartbeat_interval: float = 2.0
+    #: the synchronous baseline: run this many tasks per iteration, then wait for every
+    #: policy's next version before leasing again (0: fully asynchronous)
+    sync_tasks: int = 0
 
 
 class EnginePolicy:
@@ -141,31 +144,51 @@ class RaaSNode:
             await self.refresh()
             await _wait(stop, self.options.refresh_interval)
 
+    async def _async_loop(self, stop: asyncio.Event) -> None:
+        running: set[asyncio.Task] = set()
+        while not stop.is_set():
+            free = self.options.concurrency - len(running)
+            versions = {p: b.version for p, b in self.backends.items()}
+            leases = (await self.client.lease_tasks(self.node_id, max_tasks=free,
+                                                    versions=versions) if free else [])
+            for lease in leases:
+                running.add(asyncio.create_task(self._run_lease(lease)))
+            if not running:
+                await _wait(stop, 0.2)
+                continue
+            done, running = await asyncio.wait(running, timeout=0.5,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            _report(done)
+        if running:  # a leaving node finishes what it leased
+            _report((await asyncio.wait(running))[0])
+
+    async def _sync_loop(self, stop: asyncio.Event) -> None:
+        """The trainer-centred baseline: generate a whole iteration with the current
+        weights, wait for its slowest rollout, then wait for every trainer's update."""
+        while not stop.is_set():
+            versions = {p: b.version for p, b in self.backends.items()}
+            leases: list[Any] = []
+            while len(leases) < self.options.sync_tasks and not stop.is_set():
+                leases += await self.client.lease_tasks(
+                    self.node_id, max_tasks=self.options.sync_tasks - len(leases), wait=1.0,
+                    versions=versions)
+            _report((await asyncio.wait([asyncio.create_task(self._run_lease(lease))
+                                         for lease in leases]))[0] if leases else set())
+            while not stop.is_set():
+                await self.refresh()
+                if all(b.version > versions[p] for p, b in self.backends.items()):
+                    break
+                await _wait(stop, self.options.refresh_interval / 5)
+
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await self.start()
-        side = [asyncio.create_task(self._heartbeats(stop)),
-                asyncio.create_task(self._refreshes(stop))]
-        running: set[asyncio.Task] = set()
+        sync = self.options.sync_tasks > 0
+        side = [asyncio.create_task(self._heartbeats(stop))]
+        if not sync:
+            side.append(asyncio.create_task(self._refreshes(stop)))
         try:
-            while not stop.is_set():
-                free = self.options.concurrency - len(running)
-                versions = {p: b.version for p, b in self.backends.items()}
-                leases = (await self.client.lease_tasks(self.node_id, max_tasks=free,
-                                                        versions=versions) if free else [])
-                for lease in leases:
-                    running.add(asyncio.create_task(self._run_lease(lease)))
-                if not running:
-                    await _wait(stop, 0.2)
-                    continue
-                done, running = await asyncio.wait(running, timeout=0.5,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t.exception() is not None:
-                        log.error("rollout failed: %r", t.exception())
-            # a leaving node finishes what it leased
-            if running:
-                await asyncio.wait(running)
+            await (self._sync_loop(stop) if sync else self._async_loop(stop))
         finally:
             for t in side:
                 t.cancel()
@@ -176,6 +199,12 @@ class RaaSNode:
                     log.warning("leave failed: %r", exc)
             for backend in self.backends.values():
                 await backend.shutdown()
+
+
+def _report(done: set[asyncio.Task]) -> None:
+    for task in done:
+        if task.exception() is not None:
+            log.error("rollout failed: %r", task.exception())
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
