@@ -36,10 +36,10 @@ def pairs(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(pairs(), hs.sampled_from([1, 32, 1 << 16]))
-def test_round_trip_is_bit_exact(pair, capacity):
-    """Small encoder capacities make the encoder stop and resume inside the tensor."""
+def test_round_trip_is_bit_exact(pair, scratch):
+    """Small scratch streams make the encoder stop and resume inside the tensor."""
     old, new = pair
-    with mock.patch.object(codec, "_MIN_CAPACITY", capacity):
+    with mock.patch.object(codec, "_SCRATCH", scratch):
         delta = codec.encode_delta(old, new)
         fresh = codec.apply_delta(old, delta)
         into = np.zeros_like(old)

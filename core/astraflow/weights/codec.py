@@ -44,8 +44,9 @@ _HEADER = struct.Struct("<4sB3xQQQQQQQ")
 _CRC = struct.Struct("<I")
 #: bytes per u64 word block of the scan, the unit in which tensors are split for it
 _BLOCK_BYTES = 8 * 64
-#: smallest first output capacity of the encoder, in changes; it doubles when exceeded
-_MIN_CAPACITY = 1 << 16
+#: changes the encoder collects before handing them to zstd (7 bytes each): memory stays
+#: bounded whatever the density, and the Python work per round does not show
+_SCRATCH = 1 << 20
 DELTA_FORMAT = "astraflow-delta/2"
 # level 1 with short hash tables: the value planes hold a few symbols in short repeats,
 # where deeper match search costs up to twice the time for no smaller output
@@ -80,50 +81,38 @@ def _blocks(raw: np.ndarray) -> list[tuple[np.ndarray, int]]:
             (rest.view(np.uint64).reshape(-1, _BLOCK_BYTES // 8), full // 2)]
 
 
-@dataclass(frozen=True)
-class _Changes:
-    """The changed lanes of a tensor as the streams of the format, uncompressed."""
-
-    gaps: np.ndarray  # u8, ESCAPE where the gap is in ``escapes``
-    escapes: np.ndarray  # u32
-    low: np.ndarray  # u8, low byte of each XOR
-    high: np.ndarray  # u8, high byte of each XOR
-
-
-def _scan(old: np.ndarray, new: np.ndarray) -> _Changes:
-    kernels = _kernels()
-    n_lanes = -(-old.size // 2)
-    spare = kernels.reserve(n_lanes)
-    parts, last, capacity = [], -1, max(_MIN_CAPACITY, n_lanes // 64)
-    for (a, lane_base), (b, _) in zip(_blocks(old), _blocks(new), strict=True):
-        row = 0
-        while True:
-            out = [np.empty(capacity + spare, dtype=dtype)
-                   for dtype in (np.uint8, np.uint32, np.uint8, np.uint8)]
-            row, count, n_escapes, last = kernels.scan(a, b, row, lane_base, last, spare, *out)
-            parts.append((out[0][:count], out[1][:n_escapes], out[2][:count], out[3][:count]))
-            if row == a.shape[0]:
-                break
-            capacity *= 2
-    # the kernel ran at least once, so there is a part even for an empty tensor
-    parts = [part for part in parts if part[0].size] or parts[:1]
-    if len(parts) == 1:
-        return _Changes(*parts[0])
-    return _Changes(*(np.concatenate(column) for column in zip(*parts, strict=True)))
-
-
 def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
-    """(changed lanes, delta): the count tells callers whether anything changed at all."""
+    """(changed lanes, delta): the count tells callers whether anything changed at all.
+
+    The kernel fills fixed scratch streams that zstd takes round by round, so no
+    tensor-sized index or value array is built even when every lane changed.
+    """
     if old.nbytes != new.nbytes:
         raise ValueError(f"cannot diff {old.nbytes} bytes against {new.nbytes} bytes")
-    changes = _scan(_raw_bytes(old), _raw_bytes(new))
-    count = changes.gaps.size
-    gaps, values = (zstandard.ZstdCompressor(compression_params=params)
-                    for params in (_GAPS_ZSTD, _VALUES_ZSTD))
-    streams = [(changes.gaps, gaps), (changes.escapes.astype("<u4"), gaps),
-               (changes.low, values), (changes.high, values)]
-    payload = [cctx.compress(stream) if stream.size else b"" for stream, cctx in streams]
-    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, changes.escapes.size,
+    kernels = _kernels()
+    spare = kernels.reserve(-(-old.nbytes // 2))
+    # gap bytes, escapes, low and high bytes of the XORs: the sections, in payload order
+    scratch = [np.empty(_SCRATCH + spare, dtype=dtype)
+               for dtype in (np.uint8, np.uint32, np.uint8, np.uint8)]
+    # one compressor each: a compressor serves one stream at a time
+    streams = [zstandard.ZstdCompressor(compression_params=params).compressobj()
+               for params in (_GAPS_ZSTD, _GAPS_ZSTD, _VALUES_ZSTD, _VALUES_ZSTD)]
+    chunks: list[list[bytes]] = [[], [], [], []]
+    count = n_escapes = 0
+    last = -1
+    for (a, lane_base), (b, _) in zip(_blocks(_raw_bytes(old)), _blocks(_raw_bytes(new)),
+                                      strict=True):
+        row = 0
+        while row < a.shape[0]:
+            row, k, e, last = kernels.scan(a, b, row, lane_base, last, spare, *scratch)
+            for chunk, stream, data, size in zip(chunks, streams, scratch, (k, e, k, k),
+                                                 strict=True):
+                if size:
+                    chunk.append(stream.compress(data[:size]))
+            count, n_escapes = count + k, n_escapes + e
+    payload = [b"".join([*chunk, stream.flush()]) if chunk else b""
+               for chunk, stream in zip(chunks, streams, strict=True)]
+    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, n_escapes,
                         *(len(section) for section in payload))
     crc = zlib.crc32(head)
     for section in payload:
