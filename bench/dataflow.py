@@ -25,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
+        shutil.rmtree(store, ignore_errors=True)
     echo_rate = sum(e.rate for e in echos) / 2
     echo_cpu = sum(e.cpu_us for e in echos) / 2
     result = {
