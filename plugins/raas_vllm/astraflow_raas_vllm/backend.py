@@ -15,6 +15,7 @@ mislabel them.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import struct
@@ -40,16 +41,21 @@ except (ImportError, RuntimeError, OSError) as exc:  # torchvision's failure is 
         "`pip uninstall torchvision torchaudio torchcodec`."
     ) from exc
 
-MODEL_FILE = "model.safetensors"
 GIB = 1 << 30
 
 
-def tensor_shapes(file: str) -> dict[str, list[int]]:
-    """Names and shapes from a safetensors header, without reading the tensors."""
-    with open(file, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+def tensor_shapes(directory: str) -> dict[str, list[int]]:
+    """Names and shapes of a checkpoint's tensors (every shard), read from headers only."""
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no .safetensors file")
+    shapes = {}
+    for file in files:
+        with open(file, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return shapes
 
 
 class VLLMRolloutBackend(RolloutBackend):
@@ -61,7 +67,7 @@ class VLLMRolloutBackend(RolloutBackend):
 
     async def start(self) -> None:
         cfg = self.config
-        self._shapes = tensor_shapes(os.path.join(self.model_path, MODEL_FILE))
+        self._shapes = tensor_shapes(self.model_path)
         # vLLM spawns its engine core through multiprocessing, which starts the
         # interpreter-wide resource tracker if nothing has yet; we stop it on shutdown.
         self._owns_tracker = resource_tracker._resource_tracker._fd is None
@@ -126,10 +132,7 @@ class VLLMRolloutBackend(RolloutBackend):
 
     async def load_weights(self, path: str, version: int) -> None:
         engine = self._engine()
-        file = os.path.join(path, MODEL_FILE)
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"{path} holds no {MODEL_FILE}")
-        shapes = tensor_shapes(file)
+        shapes = tensor_shapes(path)
         if shapes != self._shapes:
             # vLLM would keep stale values for missing tensors and only log a warning
             missing = sorted(self._shapes.keys() - shapes.keys())
