@@ -1,0 +1,116 @@
+"""The simulated engine: token ids drawn from the vocabulary after a configured delay.
+
+Greedy output is a function of the weights' bytes and the prompt, so a weight load
+changes it and reloading the same weights restores it, as with a real model; sampled
+output draws from a seeded stream. Log-probs are drawn so that they look like a
+sampled token's (at most 0, rarely below log(1/vocab)) -- plausible to a trainer's
+importance ratio, meaningless as a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from astraflow.contracts import RolloutBackend
+from astraflow.types import Generation, GenerationRequest
+
+_CHUNK = 1 << 20
+
+
+def weights_digest(directory: str | Path) -> bytes:
+    """What the weights in ``directory`` are, in 32 bytes (every safetensors file)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"raas=sim: no *.safetensors in {directory}")
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+    return digest.digest()
+
+
+class SimRolloutBackend(RolloutBackend):
+    """A simulator: its rewards carry no signal, its latency is the configured one."""
+
+    def __init__(self, config: Any, model_path: str) -> None:
+        super().__init__(config, model_path)
+        self._rng = random.Random(config.seed)
+        self._open = asyncio.Event()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._digest = b""
+        self._vocab: list[int] = []
+
+    async def start(self) -> None:
+        from astraflow.models.tiny import load_tokenizer
+
+        tokenizer_file = Path(self.model_path) / "tokenizer.json"
+        if not tokenizer_file.exists():
+            raise FileNotFoundError(
+                f"raas=sim draws token ids from the model's tokenizer; {tokenizer_file} is "
+                "missing (set model.path to a model made by astraflow.models.tiny)"
+            )
+        tokenizer = load_tokenizer(self.model_path)
+        self._vocab = [i for i in range(tokenizer.vocab_size) if i != tokenizer.pad_token_id]
+        self._digest = await asyncio.to_thread(weights_digest, self.model_path)
+        self._open.set()
+        self._idle.set()
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        if not self._vocab:
+            raise RuntimeError("SimRolloutBackend.generate called before start()")
+        await self._open.wait()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            out = [self._sample(request, i) for i in range(request.n)]
+            longest = max((len(g.token_ids) for g in out), default=0)
+            delay = (self.config.generation_seconds + self.config.token_seconds * longest
+                     + self.config.env_seconds)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return out
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    def _sample(self, request: GenerationRequest, index: int) -> Generation:
+        if request.temperature <= 0:
+            key = hashlib.sha256(self._digest + repr((request.prompt_ids, index)).encode())
+            rng = random.Random(key.digest())
+        else:
+            rng = random.Random(self._rng.getrandbits(64))
+        floor = -math.log(len(self._vocab))
+        stops = set(request.stop_token_ids)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish = "length"
+        for _ in range(request.max_new_tokens):
+            token = rng.choice(self._vocab)
+            ids.append(token)
+            logprobs.append(max(-rng.expovariate(2.0), floor))
+            if token in stops:
+                finish = "stop"
+                break
+        return Generation(ids, logprobs, finish, self.version)
+
+    async def load_weights(self, path: str, version: int) -> None:
+        self._digest = await asyncio.to_thread(weights_digest, path)
+        self.version = version
+
+    async def pause(self) -> None:
+        self._open.clear()
+        await self._idle.wait()
+
+    async def resume(self) -> None:
+        self._open.set()
+
+    async def shutdown(self) -> None:
+        self._open.clear()
