@@ -356,6 +356,17 @@ class DataflowService:
             raise ServiceError(404, f"node {node_id!r} is not registered ({state}): register again")
         return node
 
+    def _orphaned(self, policy: str) -> bool:
+        """Every trainer that ever served ``policy`` is gone (it left or went silent).
+
+        Such a policy must not hold the other policies back: it gets no admission
+        budget and its surplus is dropped (and counted) instead of refusing whole
+        submissions. A policy whose trainer has not registered yet is not orphaned.
+        """
+        trainers = [n for n in self.nodes.values()
+                    if n.kind == "trainer" and policy in n.labels.get("policies", [])]
+        return bool(trainers) and all(n.state != "active" for n in trainers)
+
     def heartbeat(self, node_id: str) -> dict[str, Any]:
         self._active(node_id).last_seen = time.monotonic()
         return {"node_id": node_id, "versions": self.versions}
@@ -451,6 +462,8 @@ class DataflowService:
         allowed = 1 << 30
         reasons: dict[str, str] = {}
         for policy, max_staleness in self.policies.items():
+            if self._orphaned(policy):
+                continue
             per_task = self._samples_per_task(policy)
             if per_task <= 0:
                 continue
@@ -634,8 +647,12 @@ class DataflowService:
                 )
             self._policy(ct.policy)
         incoming = Counter(ct.policy for ct in checked)
+        overflow = set()
         for policy, n in incoming.items():
             if len(self.fresh[policy]) + n > self.settings.buffer_capacity:
+                if self._orphaned(policy):
+                    overflow.add(policy)
+                    continue
                 raise ServiceError(
                     429, f"buffer of policy {policy!r} is full ({len(self.fresh[policy])} of "
                     f"{self.settings.buffer_capacity}); retry after the trainer consumes"
@@ -677,6 +694,10 @@ class DataflowService:
                     deltas[f"filtered:{policy}"] += len(members)
                     filtered += len(members)
                     continue
+            if policy in overflow:
+                deltas[f"dropped_no_trainer:{policy}"] += len(members)
+                dropped += len(members)
+                continue
             meta = {**stamp, "group_size": len(members)}
             for ct, advantage in zip(members, group_advantages(rewards), strict=True):
                 if self._stale(policy, ct.min_version):
@@ -988,9 +1009,11 @@ class DataflowService:
                 "buffered": len(self.fresh[p]),
                 "replayable": len(self.replayable[p]),
                 "outstanding_batches": sum(1 for k in self.outstanding if k[0] == p),
+                "trainer_gone": self._orphaned(p),
                 **{
                     name: c[f"{name}:{p}"]
-                    for name in ("accepted", "filtered", "consumed", "dropped_stale", "replayed")
+                    for name in ("accepted", "filtered", "consumed", "dropped_stale",
+                                 "dropped_no_trainer", "replayed")
                 },
             }
             for p, m in self.policies.items()
@@ -1016,7 +1039,8 @@ class DataflowService:
             },
             "trajectories": {
                 name: sum(c[f"{name}:{p}"] for p in self.policies)
-                for name in ("accepted", "filtered", "consumed", "dropped_stale", "replayed")
+                for name in ("accepted", "filtered", "consumed", "dropped_stale",
+                                 "dropped_no_trainer", "replayed")
             },
             "store": {"wal_frames_pending": self.store.wal_frames_pending},
         }
@@ -1038,7 +1062,8 @@ class DataflowService:
         gauges: list[str] = []
         for policy, info in st["policies"].items():
             p = _label(policy)
-            for event in ("accepted", "filtered", "consumed", "dropped_stale", "replayed"):
+            for event in ("accepted", "filtered", "consumed", "dropped_stale",
+                          "dropped_no_trainer", "replayed"):
                 lines.append(
                     f'astraflow_trajectories_total{{policy="{p}",event="{event}"}} {info[event]}'
                 )

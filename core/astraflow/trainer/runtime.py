@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,16 @@ class TrainerRuntime:
             # the stream never goes backwards: republish what this trainer really holds
             self.version = max(latest, self.version) + 1
             self._publish(publisher, self.version, backend)
-        self.client.register("trainer", policies=[self.policy],
-                             node_id=f"trainer-{self.policy}")
+        beats = _Heartbeats(self.url, self.token, f"trainer-{self.policy}", [self.policy])
+        try:
+            self._train(backend, publisher, steps)
+        finally:
+            beats.stop()
+        # leaving tells the data layer no one consumes this policy any more, so it stops
+        # holding the other policies back for it
+        self.client.leave(f"trainer-{self.policy}")
+
+    def _train(self, backend: Any, publisher: Any, steps: int) -> None:
         log.info("trainer %s: starting at step %d, version %d", self.policy, self.step,
                  self.version)
         batch_size = self.cfg.batch_size
@@ -128,6 +137,33 @@ class TrainerRuntime:
         backend.save_pretrained(str(final))
         log.info("trainer %s: done at version %d; final weights in %s", self.policy,
                  self.version, final)
+
+
+class _Heartbeats:
+    """Keeps the trainer registered while a long step or a long wait runs."""
+
+    def __init__(self, url: str, token: str, node_id: str, policies: list[str],
+                 interval: float = 2.0) -> None:
+        from astraflow.dataflow.client import DataflowClient
+
+        self.client = DataflowClient(url, token)
+        self.client.register("trainer", policies=policies, node_id=node_id)
+        self.node_id, self.interval = node_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeats")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.client.heartbeat(self.node_id)
+            except Exception as exc:  # the client retries; a failure here is only logged
+                log.warning("heartbeat failed: %r", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.client.close()
 
 
 def _rmtree(path: Path) -> None:

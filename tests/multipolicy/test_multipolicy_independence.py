@@ -1,0 +1,118 @@
+"""Several policies train with no barrier between them: real processes, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from astraflow.config import compose_config
+from astraflow.launch.local import prepare
+
+TOKEN = "multipolicy-test-token"
+
+
+def _wait(condition, timeout: float, what: str):
+    give_up = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+class Job:
+    """Components started one by one, the way a user starts them on separate machines."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.url = ""
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = (self.run_dir / f"{name}.log").open("ab")
+        env = dict(os.environ, ASTRAFLOW_TOKEN=TOKEN, OMP_NUM_THREADS="1")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "astraflow", *args],
+                                            stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self.procs[name]
+
+    def common(self) -> list[str]:
+        return ["--connect", self.url, "--config", str(self.run_dir / "config.yaml"),
+                "--work-dir", str(self.run_dir)]
+
+    def status(self) -> dict:
+        resp = httpx.get(f"{self.url}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        return resp.json()
+
+    def steps(self, policy: str) -> int:
+        path = self.run_dir / "metrics" / f"train-{policy}.jsonl"
+        return path.read_text().count("\n") if path.exists() else 0
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def solve_verify_job(tmp_path, tiny_model_dir):
+    cfg = compose_config(["workflow=solve_verify", "+experiment=smoke", "steps=100000",
+                          f"run_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+                          "dataflow.heartbeat_timeout=3"])
+    cfg, run_dir = prepare(cfg)
+    job = Job(run_dir)
+    store = run_dir / "store"
+    job.spawn("dataflow", "dataflow", "--port", "0", "--store", str(store),
+              "--config", str(run_dir / "config.yaml"))
+    job.url = _wait(lambda: (store / "url").exists() and (store / "url").read_text().strip(),
+                    60, "the data layer")
+    job.spawn("raas", "raas", *job.common())
+    for policy in ("solver", "verifier"):
+        job.spawn(f"trainer-{policy}", "train", *job.common(), "--policy", policy,
+                  "--metrics", str(run_dir / "metrics" / f"train-{policy}.jsonl"))
+    yield job
+    job.close()
+
+
+def test_killing_one_policys_trainer_does_not_stop_the_other(solve_verify_job):
+    job = solve_verify_job
+    _wait(lambda: job.steps("verifier") >= 2 and job.steps("solver") >= 2, 300,
+          "both policies to train")
+    job.procs["trainer-verifier"].kill()
+    job.procs["trainer-verifier"].wait()
+    frozen = job.status()["versions"]["verifier"]
+    solver_at_kill = job.status()["versions"]["solver"]
+    # well past the verifier's staleness budget: its queue would have stopped all rollouts
+    _wait(lambda: job.status()["versions"]["solver"] >= solver_at_kill + 12, 300,
+          "the solver to keep training")
+    status = job.status()
+    assert status["versions"]["verifier"] == frozen
+    assert status["policies"]["verifier"]["trainer_gone"] is True
+    assert status["policies"]["solver"]["trainer_gone"] is False
+    # one policy is many versions ahead of the other: nothing couples them
+    assert status["versions"]["solver"] - status["versions"]["verifier"] >= 10
+
+
+def test_each_policy_trains_only_on_its_own_tokens(solve_verify_job):
+    job = solve_verify_job
+    _wait(lambda: job.steps("verifier") >= 3 and job.steps("solver") >= 3, 300,
+          "both policies to train")
+    records = {p: [json.loads(line) for line in
+                   (job.run_dir / "metrics" / f"train-{p}.jsonl").read_text().splitlines()]
+               for p in ("solver", "verifier")}
+    for policy, recs in records.items():
+        assert all(r["policy"] == policy for r in recs)
+        assert [r["version"] for r in recs] == sorted(r["version"] for r in recs)
