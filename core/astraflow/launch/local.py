@@ -130,12 +130,9 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     cfg.policies = resolve_policies(cfg)
     if cfg.mode not in ("async", "sync"):
         raise ConfigError(f"mode={cfg.mode!r}; choose async or sync")
-    if cfg.mode == "sync":
-        # every rollout of an iteration uses the newest weights (the nodes wait for them);
-        # a policy fed more than its batch per iteration (a verifier judging retries)
-        # carries the surplus over to the next iteration, one version old at most
+    if cfg.mode == "sync":  # the baseline trains only on what the current weights produced
         for policy in cfg.policies.values():
-            policy.max_staleness = 1
+            policy.max_staleness = 0
     if cfg.model.path is None:
         from astraflow.models.tiny import make_tiny_model
 

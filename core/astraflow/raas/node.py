@@ -163,22 +163,29 @@ class RaaSNode:
             _report((await asyncio.wait(running))[0])
 
     async def _sync_loop(self, stop: asyncio.Event) -> None:
-        """The trainer-centred baseline: generate a whole iteration with the current
-        weights, wait for its slowest rollout, then wait for every trainer's update."""
+        """The trainer-centred baseline: generate an iteration with the current weights,
+        wait for its slowest rollout, then for every trainer's update, then refresh.
+
+        Leasing is bounded by the data layer's admission control (max_staleness 0 in
+        this mode), so a round that fell short (filtered or dropped samples) is topped
+        up by the next lease instead of over-producing.
+        """
         while not stop.is_set():
             versions = {p: b.version for p, b in self.backends.items()}
-            leases: list[Any] = []
-            while len(leases) < self.options.sync_tasks and not stop.is_set():
-                leases += await self.client.lease_tasks(
-                    self.node_id, max_tasks=self.options.sync_tasks - len(leases), wait=1.0,
-                    versions=versions)
-            _report((await asyncio.wait([asyncio.create_task(self._run_lease(lease))
-                                         for lease in leases]))[0] if leases else set())
             while not stop.is_set():
-                await self.refresh()
-                if all(b.version > versions[p] for p, b in self.backends.items()):
+                leases = await self.client.lease_tasks(
+                    self.node_id, max_tasks=self.options.sync_tasks, wait=0.5,
+                    versions=versions)
+                if leases:
+                    _report((await asyncio.wait([asyncio.create_task(self._run_lease(lease))
+                                                 for lease in leases]))[0])
+                latest = {p: await asyncio.to_thread(self.weights.latest, p)
+                          for p in self.backends}
+                if all((latest[p] or 0) > versions[p] for p in self.backends):
+                    await self.refresh()
                     break
-                await _wait(stop, self.options.refresh_interval / 5)
+                if not leases:
+                    await _wait(stop, 0.1)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()

@@ -2,10 +2,11 @@
 
 Protocol (character-level, like the tiny tokenizer): the solver sees ``a+b=`` and
 answers; the verifier sees ``a+b=ANSWER:`` and says ``y`` or ``n``; on ``n`` the solver
-sees its history plus ``=`` and answers once more. Rewards: the solver's is the
-correctness of its final answer; the verifier's is 1 when its verdict matches the
-truth of the answer it judged. Each trajectory trains only its own policy: the other
-policy's tokens are in the context and loss-masked.
+sees its history, the verdict and ``=``, and answers once more. Rewards: the solver's is
+the correctness of its final answer; the verifier's is 1 when its verdict matches the
+truth of the answer it judged. Every attempt yields exactly one trajectory per policy,
+so both policies receive the same number of samples per task. Each trajectory trains
+only its own policy: the other policy's tokens are in the context and loss-masked.
 """
 
 from __future__ import annotations
@@ -70,37 +71,33 @@ class SolveVerifyWorkflow(Workflow):
         prompt = tok.encode(task.prompt)
         solver = TrajectoryBuilder(task.task_id, group_id)
         solver.add_context(prompt)
-        verifications: list[Trajectory] = []
-        answer = ""
-        for turn in range(2 if self.config.retry else 1):
-            gen = await self._generate(policies["solver"], solver.tokens)
-            solver.add_generation("solver", gen)
-            answer = self._text(gen)
-            correct = self.reward(task, answer) > 0
-            # the verifier judges the answer as text, without the solver's end token
-            keep = len(gen.token_ids) - int(bool(gen.token_ids)
-                                            and gen.token_ids[-1] == tok.eos_token_id)
-            judged = Generation(gen.token_ids[:keep], gen.logprobs[:keep], gen.finish_reason,
-                                gen.version)
-            verifier = TrajectoryBuilder(task.task_id, group_id)
-            verifier.add_context(prompt)
-            verifier.add_generation("solver", judged)
-            verifier.add_context(tok.encode(":"))
-            verdict_gen = await self._generate(policies["verifier"], verifier.tokens)
-            verifier.add_generation("verifier", verdict_gen)
-            verdict = self._text(verdict_gen)[:1]
-            verifier_reward = float(verdict in (ACCEPT, REJECT)
-                                    and (verdict == ACCEPT) == correct)
-            verifications.append(verifier.build("verifier", verifier_reward, {
-                "task_type": task.task_type, "turn": turn, "verdict": verdict}))
-            if verdict != REJECT or turn == 1 or not self.config.retry:
-                break
+        gen = await self._generate(policies["solver"], solver.tokens)
+        solver.add_generation("solver", gen)
+        answer = self._text(gen)
+        correct = self.reward(task, answer) > 0
+        # the verifier judges the answer as text, without the solver's end token
+        keep = len(gen.token_ids) - int(bool(gen.token_ids)
+                                        and gen.token_ids[-1] == tok.eos_token_id)
+        verifier = TrajectoryBuilder(task.task_id, group_id)
+        verifier.add_context(prompt)
+        verifier.add_generation("solver", Generation(gen.token_ids[:keep], gen.logprobs[:keep],
+                                                     gen.finish_reason, gen.version))
+        verifier.add_context(tok.encode(":"))
+        verdict_gen = await self._generate(policies["verifier"], verifier.tokens)
+        verifier.add_generation("verifier", verdict_gen)
+        verdict = self._text(verdict_gen)[:1]
+        judged_right = verdict in (ACCEPT, REJECT) and (verdict == ACCEPT) == correct
+        retried = verdict == REJECT and self.config.retry
+        if retried:
             solver.add_context(tok.encode(":"))
             solver.add_generation("verifier", verdict_gen)
             solver.add_context(tok.encode("="))
-        solved = solver.build("solver", self.reward(task, answer), {
-            "task_type": task.task_type, "retried": len(verifications) > 1})
-        return [solved, *verifications]
+            retry = await self._generate(policies["solver"], solver.tokens)
+            solver.add_generation("solver", retry)
+            answer = self._text(retry)
+        meta = {"task_type": task.task_type, "retried": retried, "verdict": verdict}
+        return [solver.build("solver", self.reward(task, answer), meta),
+                verifier.build("verifier", float(judged_right), meta)]
 
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
