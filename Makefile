@@ -36,8 +36,10 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# one torch thread per process: the tests run several engines and trainers at once on
+# two cores, and oversubscribed threads made them many times slower
 test: $(STAMP) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
