@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from astraflow.components import policy_names
 from astraflow.launch.metrics import by_policy, read_records
+from astraflow.trainer.runtime import GENERATED
 
 
 def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
@@ -35,7 +36,7 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             "final_eval_greedy_accuracy": ev[-1]["eval_greedy_accuracy"] if ev else None,
             "final_version": ev[-1]["version"] if ev else None,
             "steps": max((r["step"] for r in tr), default=0),
-            "trajectories_generated": counts.get(policy, {}).get("accepted"),
+            "trajectories_generated": sum(counts.get(policy, {}).get(k, 0) for k in GENERATED),
             "trajectories_trained": sum(r["batch_size"] for r in tr),
             "wall_seconds": wall_seconds,
         }

@@ -21,6 +21,8 @@ from astraflow.components import trainer_settings
 from astraflow.plugins import get_registry
 
 log = logging.getLogger("astraflow.trainer")
+#: status counts that together are every trajectory generated for a policy
+GENERATED = ("accepted", "filtered", "dropped_stale", "dropped_no_trainer")
 
 
 class TrainerRuntime:
@@ -121,6 +123,7 @@ class TrainerRuntime:
             self._save(backend)
             t2 = time.time()
             self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
+            produced = self.client.status()["policies"][self.policy]
             rewards = [item.trajectory.reward for item in batch.items]
             staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
             self._log({
@@ -132,6 +135,8 @@ class TrainerRuntime:
                 "step_seconds": t2 - t1, "staleness_max": max(staleness, default=0),
                 "train_seconds": t_trained - t1, "publish_seconds": t_published - t_trained,
                 "checkpoint_seconds": t2 - t_published,
+                # every rollout this policy's nodes produced so far, kept or not
+                "generated": sum(produced[k] for k in GENERATED),
             })
         final = self.work_dir / "final" / self.policy
         backend.save_pretrained(str(final))
