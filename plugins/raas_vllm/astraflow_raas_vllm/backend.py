@@ -110,6 +110,7 @@ class VLLMRolloutBackend(RolloutBackend):
             # explicit stop tokens replace the model's EOS, as in every other backend
             ignore_eos=bool(request.stop_token_ids),
             logprobs=0,  # the sampled token's own log-prob
+            flat_logprobs=True,  # plain float lists: no Logprob object per token
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -126,7 +127,7 @@ class VLLMRolloutBackend(RolloutBackend):
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended a sequence with {out.finish_reason!r}")
         ids = list(out.token_ids)
-        logprobs = [step[tok].logprob for step, tok in zip(out.logprobs, ids, strict=True)]
+        logprobs = list(out.logprobs.logprobs)  # logprobs=0: one entry per position
         version = min(int(span.version) for span in out.weight_versions)
         return Generation(ids, logprobs, out.finish_reason, version)
 
