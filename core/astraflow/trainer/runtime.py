@@ -107,8 +107,8 @@ class TrainerRuntime:
         log.info("trainer %s: starting at step %d, version %d", self.policy, self.step,
                  self.version)
         batch_size = self.cfg.batch_size
+        t0 = time.time()  # waiting starts when the previous step ended, across long-polls
         while self.step < steps:
-            t0 = time.time()
             batch = self.client.get_batch(self.policy, batch_size, timeout=5.0,
                                           trainer_id=f"trainer-{self.policy}")
             if batch is None:
@@ -138,6 +138,7 @@ class TrainerRuntime:
                 # every rollout this policy's nodes produced so far, kept or not
                 "generated": sum(produced[k] for k in GENERATED),
             })
+            t0 = time.time()
         final = self.work_dir / "final" / self.policy
         backend.save_pretrained(str(final))
         log.info("trainer %s: done at version %d; final weights in %s", self.policy,
