@@ -56,11 +56,15 @@ def cmd_raas(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="tasks in flight")
     parser.add_argument("--sync-tasks", type=int, default=0,
                         help="synchronous baseline: tasks per iteration (0: asynchronous)")
+    parser.add_argument("--throttle", type=float, default=1.0,
+                        help="fraction of full rollout throughput to deliver, in (0, 1]")
     args = parser.parse_args(argv)
+    if not 0 < args.throttle <= 1:
+        parser.error(f"--throttle {args.throttle}: expected a fraction in (0, 1]")
     _logging()
     cfg = load_config(args.config)
     options = NodeOptions(pool=args.pool, region=args.region, concurrency=args.concurrency,
-                          sync_tasks=args.sync_tasks)
+                          sync_tasks=args.sync_tasks, throttle=args.throttle)
 
     async def main() -> None:
         stop = _stop_on_signals(asyncio.get_running_loop())

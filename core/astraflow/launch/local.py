@@ -35,8 +35,16 @@ def check_selection(cfg: DictConfig) -> None:
 @dataclass
 class Child:
     name: str
+    args: tuple[str, ...]
     proc: subprocess.Popen
     log: Path
+    restarts: int = 0
+    #: stopped on purpose (a retired node): its exit is not a fault
+    retired: bool = False
+
+    def finished(self) -> bool:
+        """A trainer or evaluator that exited 0 is done; nothing else ends on its own."""
+        return self.proc.returncode == 0 and self.name.startswith(("trainer-", "eval-"))
 
 
 @dataclass
@@ -55,16 +63,20 @@ class LocalRun:
         with log.open("ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        child = Child(name, proc, log)
+        previous = self.children.get(name)
+        child = Child(name, args, proc, log, previous.restarts if previous else 0)
         self.children[name] = child
         return child
 
     def start_dataflow(self) -> None:
+        """Start the data layer; a restart binds the port it had, so clients reconnect
+        to the URL they were given."""
         store = self.run_dir / "store"
         url_file = store / "url"
         url_file.unlink(missing_ok=True)
+        port = httpx.URL(self.url).port if self.url else self.cfg.dataflow.port
         child = self.spawn("dataflow", "dataflow", "--host", self.cfg.dataflow.host,
-                           "--port", str(self.cfg.dataflow.port), "--store", str(store),
+                           "--port", str(port), "--store", str(store),
                            "--config", str(self.run_dir / "config.yaml"))
         deadline = time.time() + 120
         while not url_file.exists():
@@ -87,13 +99,19 @@ class LocalRun:
             self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
                        "--metrics", str(metrics / f"eval-{policy}.jsonl"),
                        "--done-marker", str(self.run_dir / "final" / policy / "config.json"))
+        for i in range(self.cfg.num_nodes):
+            self.start_node(i)
+
+    def start_node(self, index: int) -> Child:
         extra = []
         if self.cfg.mode == "sync":
             per_iteration = math.ceil(self.cfg.batch_size / self.cfg.group_size)
             extra = ["--sync-tasks", str(math.ceil(per_iteration / self.cfg.num_nodes))]
-        for i in range(self.cfg.num_nodes):
-            self.spawn(f"raas-{i}", "raas", *self.component_args(), "--name", f"node-{i}",
-                       "--concurrency", str(self.cfg.node_concurrency), *extra)
+        throttles = list(self.cfg.launcher.get("node_throttle") or [1.0])
+        return self.spawn(f"raas-{index}", "raas", *self.component_args(),
+                          "--name", f"node-{index}", "--concurrency",
+                          str(self.cfg.node_concurrency),
+                          "--throttle", str(throttles[index % len(throttles)]), *extra)
 
     def status(self) -> dict[str, Any]:
         try:
@@ -103,9 +121,33 @@ class LocalRun:
         except httpx.HTTPError:
             return {}
 
-    def failed(self) -> list[Child]:
-        return [c for c in self.children.values()
-                if c.proc.poll() not in (None, 0)]
+    def event(self, **record: Any) -> None:
+        """A launcher event in the run's metric streams (and so in metrics.jsonl)."""
+        path = self.run_dir / "metrics" / "launcher.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            fh.write(json.dumps({"kind": "launcher", "time": time.time(), **record}) + "\n")
+
+    def supervise(self) -> None:
+        """Restart every component that died unexpectedly, up to ``launcher.max_restarts``
+        times each; beyond that the run fails, naming the component and its log."""
+        limit = int(self.cfg.launcher.get("max_restarts", 3))
+        for child in list(self.children.values()):
+            code = child.proc.poll()
+            if code is None or child.retired or child.finished():
+                continue
+            if child.restarts >= limit:
+                raise RuntimeError(f"{child.name} exited with {code} after {child.restarts} "
+                                   f"restarts (launcher.max_restarts={limit}); see {child.log}")
+            child.restarts += 1
+            print(f"astraflow: {child.name} exited with {code}; restarting it "
+                  f"({child.restarts} of {limit})", file=sys.stderr)
+            self.event(event="restart", component=child.name, exit_code=code,
+                       restart=child.restarts)
+            if child.name == "dataflow":
+                self.start_dataflow()
+            else:
+                self.spawn(child.name, *child.args)
 
     def stop(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         chosen = [self.children[n] for n in (names or list(self.children)) if n in self.children]
@@ -163,11 +205,10 @@ def run(cfg: DictConfig) -> int:
         job.start_components()
         learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
         with progress:
-            while any(job.children[n].proc.poll() is None for n in learners):
-                failed = job.failed()
-                if failed:
-                    names = ", ".join(f"{c.name} (log: {c.log})" for c in failed)
-                    raise RuntimeError(f"a component failed: {names}")
+            while True:
+                job.supervise()
+                if all(job.children[n].finished() for n in learners):
+                    break
                 progress.update(job.status())
                 time.sleep(0.5)
             progress.update(job.status())
@@ -176,7 +217,7 @@ def run(cfg: DictConfig) -> int:
         print("astraflow: interrupted; stopping every component", file=sys.stderr)
         job.stop()
         return 130
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         print(f"astraflow: error: {exc}", file=sys.stderr)
         job.stop()
         return 1

@@ -39,7 +39,13 @@ class Progress:
         records = read_records(self.run_dir)
         train, evals = by_policy(records, "train"), by_policy(records, "eval")
         elapsed = time.time() - self.started
-        table = Table(title=f"AstraFlow  {self.run_dir.name}  {elapsed:5.0f}s")
+        restarts: dict[str, int] = {}
+        for rec in records:
+            if rec.get("kind") == "launcher" and rec.get("event") == "restart":
+                restarts[rec["component"]] = rec["restart"]
+        caption = ("restarted: " + ", ".join(f"{k} x{v}" for k, v in restarts.items())
+                   if restarts else None)
+        table = Table(title=f"AstraFlow  {self.run_dir.name}  {elapsed:5.0f}s", caption=caption)
         for col in ("policy", "step", "version", "reward", "eval acc", "buffer",
                     "traj/s", "wait"):
             table.add_column(col, justify="right")

@@ -37,6 +37,14 @@ class NodeOptions:
     #: the synchronous baseline: run this many tasks per iteration, then wait for every
     #: policy's next version before leasing again (0: fully asynchronous)
     sync_tasks: int = 0
+    #: fraction of its full rollout throughput this node delivers (1.0: all of it); a
+    #: rollout taking t seconds holds its slot t / throttle, so CPU runs can model
+    #: slower pools
+    throttle: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.throttle <= 1:
+            raise ValueError(f"throttle={self.throttle}: expected a fraction in (0, 1]")
 
 
 class EnginePolicy:
@@ -90,6 +98,9 @@ class RaaSNode:
             self.backends[policy] = backend
         # a node that joins late catches up before it serves
         await self.refresh(wait_for_first=True)
+        await self._register()
+
+    async def _register(self) -> None:
         self.node_id = await self.client.register(
             "raas", pool=self.options.pool, region=self.options.region,
             policies=policy_names(self.cfg), capacity=self.options.concurrency,
@@ -126,6 +137,8 @@ class RaaSNode:
         task.metadata["group_id"] = lease.lease_id
         started = time.time()
         trajectories = await self.workflow.run(task, self.policy_handles(), lease.group_size)
+        if self.options.throttle < 1:
+            await asyncio.sleep((time.time() - started) * (1 / self.options.throttle - 1))
         for traj in trajectories:
             traj.policy = self.roles.get(traj.policy, traj.policy)
             traj.metadata.update(node=self.name, pool=self.options.pool,
@@ -141,16 +154,34 @@ class RaaSNode:
 
     async def _refreshes(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # the data layer restarting: keep the weights we have
+                log.warning("node %s: weight refresh failed, retrying: %r", self.name, exc)
             await _wait(stop, self.options.refresh_interval)
+
+    async def _lease(self, max_tasks: int, versions: dict[str, int], wait: float = 0.0
+                     ) -> list[Any]:
+        """Leases; a node the data layer retired meanwhile (a restart, a long pause)
+        registers again instead of dying."""
+        from astraflow.dataflow.client import DataflowError
+
+        try:
+            return await self.client.lease_tasks(self.node_id, max_tasks=max_tasks,
+                                                 wait=wait, versions=versions)
+        except DataflowError as exc:
+            if exc.status != 404:
+                raise
+            log.warning("node %s was retired by the data layer; registering again", self.name)
+            await self._register()
+            return []
 
     async def _async_loop(self, stop: asyncio.Event) -> None:
         running: set[asyncio.Task] = set()
         while not stop.is_set():
             free = self.options.concurrency - len(running)
             versions = {p: b.version for p, b in self.backends.items()}
-            leases = (await self.client.lease_tasks(self.node_id, max_tasks=free,
-                                                    versions=versions) if free else [])
+            leases = await self._lease(free, versions) if free else []
             for lease in leases:
                 running.add(asyncio.create_task(self._run_lease(lease)))
             if not running:
