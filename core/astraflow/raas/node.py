@@ -237,6 +237,7 @@ class RaaSNode:
                     log.warning("leave failed: %r", exc)
             for backend in self.backends.values():
                 await backend.shutdown()
+            log.info("node %s left after %d rollouts", self.name, self.completed)
 
 
 def _report(done: set[asyncio.Task]) -> None:
