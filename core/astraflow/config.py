@@ -79,6 +79,11 @@ class AstraFlowConfig:
     eval_every: int = 50
     eval_samples: int = 8  # samples per held-out task for eval_accuracy
     num_nodes: int = 1
+    #: let the local launcher start and retire nodes after the data layer's autoscale
+    #: report, keeping between min_nodes and max_nodes
+    autoscale: bool = False
+    min_nodes: int = 1
+    max_nodes: int = 4
     node_concurrency: int = 16  # tasks in flight per RaaS node
     policies: dict[str, PolicyConfig] = field(default_factory=lambda: {"policy": PolicyConfig()})
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -149,6 +149,17 @@ class LocalRun:
             else:
                 self.spawn(child.name, *child.args)
 
+    def nodes(self) -> list[Child]:
+        """Local nodes in service, in start order."""
+        return sorted((c for c in self.children.values()
+                       if c.name.startswith("raas-") and not c.retired),
+                      key=lambda c: int(c.name.removeprefix("raas-")))
+
+    def retire(self, child: Child) -> None:
+        """SIGTERM: the node finishes its leases and leaves; it is not restarted."""
+        child.retired = True
+        child.proc.terminate()
+
     def stop(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         chosen = [self.children[n] for n in (names or list(self.children)) if n in self.children]
         for child in chosen:
@@ -163,6 +174,57 @@ class LocalRun:
                 child.proc.wait()
 
 
+@dataclass
+class Autoscaler:
+    """Closes the loop on the data layer's dead-band report for the local pool.
+
+    The report stays an HTTP resource (``/v1/autoscale``) for operators of other
+    pools; this acts on the launcher's own nodes only, within ``min_nodes`` and
+    ``max_nodes``, and at most once per ``launcher.autoscale_cooldown`` seconds because
+    the report's window lags behind every change.
+    """
+
+    job: LocalRun
+    pool: str = "default"
+    next_check: float = 0.0
+    last_change: float = 0.0
+
+    def report(self) -> dict[str, Any]:
+        try:
+            resp = httpx.get(f"{self.job.url}/v1/autoscale", timeout=2.0,
+                             headers={"Authorization": f"Bearer {self.job.token}"})
+            return resp.json() if resp.status_code == 200 else {}
+        except httpx.HTTPError:
+            return {}
+
+    def tick(self) -> None:
+        cfg = self.job.cfg
+        now = time.time()
+        if now < self.next_check or now - self.last_change < cfg.launcher.autoscale_cooldown:
+            return
+        self.next_check = now + cfg.launcher.autoscale_interval
+        advice = self.report().get("pools", {}).get(self.pool)
+        if not advice or advice["action"] == "hold":
+            return
+        nodes = self.job.nodes()
+        target = max(cfg.min_nodes, min(cfg.max_nodes, advice["target"]))
+        if target == len(nodes):
+            return
+        if target > len(nodes):
+            first = max((int(c.removeprefix("raas-")) for c in self.job.children
+                         if c.startswith("raas-")), default=-1) + 1
+            for index in range(first, first + target - len(nodes)):
+                self.job.start_node(index)
+        else:
+            for child in nodes[target:]:
+                self.job.retire(child)
+        self.last_change = now
+        print(f"astraflow: autoscale {len(nodes)} -> {target} local nodes "
+              f"({advice['reason']})", file=sys.stderr)
+        self.job.event(event="autoscale", pool=self.pool, nodes=len(nodes), target=target,
+                       advised=advice["target"], reason=advice["reason"])
+
+
 def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     """Resolve the run directory and the model, and write the resolved config."""
     run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -172,6 +234,12 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     cfg.policies = resolve_policies(cfg)
     if cfg.mode not in ("async", "sync"):
         raise ConfigError(f"mode={cfg.mode!r}; choose async or sync")
+    if cfg.autoscale and not 1 <= cfg.min_nodes <= cfg.num_nodes <= cfg.max_nodes:
+        raise ConfigError(f"autoscale needs 1 <= min_nodes <= num_nodes <= max_nodes; got "
+                          f"{cfg.min_nodes}, {cfg.num_nodes}, {cfg.max_nodes}")
+    if cfg.autoscale and cfg.mode == "sync":
+        raise ConfigError("autoscale=true needs mode=async: the synchronous baseline splits "
+                          "each iteration across a fixed number of nodes")
     if cfg.mode == "sync":  # the baseline trains only on what the current weights produced
         for policy in cfg.policies.values():
             policy.max_staleness = 0
@@ -204,9 +272,12 @@ def run(cfg: DictConfig) -> int:
         job.start_dataflow()
         job.start_components()
         learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
+        autoscaler = Autoscaler(job) if cfg.autoscale else None
         with progress:
             while True:
                 job.supervise()
+                if autoscaler is not None:
+                    autoscaler.tick()
                 if all(job.children[n].finished() for n in learners):
                     break
                 progress.update(job.status())
