@@ -1,0 +1,251 @@
+"""One data layer against 10, 100 and 500 simulated RaaS nodes: lease latency and throughput.
+
+Each simulated node is the real node runtime (``astraflow.raas.node.RaaSNode``: its own
+HTTP client, registration, heartbeats, weight catch-up, lease -> workflow -> submit
+loop) over ``raas=sim`` (a fixed generation latency, no model). The nodes of one size
+are spread over a few worker processes, each running its share as asyncio tasks on
+one event loop, so hundreds of nodes fit on a small machine; what the data layer sees
+is hundreds of independent clients. A trainer stand-in in this process pulls and
+acknowledges batches so buffers drain (it trains nothing), and no new weight version is
+published, so staleness never drops work.
+
+On a machine with few cores the worker processes compete with the data layer for CPU:
+the numbers are a floor for the data layer, and the ratios against the 10-node
+baseline of the same run say how it degrades with the number of clients.
+
+    python bench/scale.py --sizes 10 100 500 --seconds 15 --out bench/results/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+TOKEN = "bench-scale-token"
+GROUP_SIZE = 4
+BATCH = 64
+
+
+def make_config(run_dir: Path, generation_seconds: float) -> Path:
+    """A resolved run config (raas=sim over the tiny model's tokenizer)."""
+    from astraflow.config import ModelConfig, compose_config
+    from astraflow.launch.local import prepare
+    from astraflow.models.tiny import make_tiny_model
+
+    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+    model = make_tiny_model(cache / "models" / "tiny-untrained-seed0",
+                            ModelConfig(warmstart_steps=0), seed=0)
+    cfg = compose_config(["+raas=sim", f"raas.generation_seconds={generation_seconds}",
+                          f"model.path={model}", f"run_dir={run_dir}",
+                          f"group_size={GROUP_SIZE}", f"batch_size={BATCH}",
+                          "dataflow.buffer_capacity=100000", "policies.policy.max_staleness=1000"])
+    prepare(cfg)
+    return run_dir / "config.yaml"
+
+
+def start_dataflow(run_dir: Path, config: Path) -> tuple[subprocess.Popen, str]:
+    store = run_dir / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "astraflow", "dataflow", "--store", str(store), "--config",
+         str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, ASTRAFLOW_TOKEN=TOKEN))
+    deadline = time.time() + 60
+    while not (store / "url").exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError("the data layer did not start")
+        time.sleep(0.1)
+    return proc, (store / "url").read_text().strip()
+
+
+def publish_weights(url: str) -> None:
+    """Version 0 of a stand-in weight stream: nodes catch up to it before they lease."""
+    from astraflow.weights.client import HttpPublishTarget
+    from astraflow.weights.publisher import WeightPublisher
+    from astraflow.weights.safetensors_io import Tensor
+
+    publisher = WeightPublisher(HttpPublishTarget(url, TOKEN), "policy")
+    publisher.publish(0, {"w": Tensor.from_array(np.zeros(16, dtype=np.float32))})
+
+
+def consume(url: str, stop: threading.Event) -> None:
+    """The trainer stand-in: pull batches and acknowledge them at once."""
+    from astraflow.dataflow.client import DataflowClient
+
+    with DataflowClient(url, TOKEN) as client:
+        client.register("trainer", policies=["policy"], node_id="trainer-bench")
+        while not stop.is_set():
+            batch = client.get_batch("policy", BATCH, timeout=1.0, trainer_id="trainer-bench")
+            if batch is not None:
+                client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
+
+
+def status(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"},
+                     timeout=30).json()
+
+
+async def run_nodes(url: str, config: str, work_dir: str, first: int, count: int,
+                    concurrency: int, stop_file: Path) -> dict[str, Any]:
+    """``count`` node runtimes on this event loop; every lease call timed."""
+    from astraflow.components import load_config
+    from astraflow.raas.node import NodeOptions, RaaSNode
+
+    cfg = load_config(config)
+    leases: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+    nodes = []
+    for i in range(first, first + count):
+        node = RaaSNode(cfg, url, TOKEN, os.path.join(work_dir, f"n{i}"),
+                        NodeOptions(pool="sim", concurrency=concurrency), f"sim-{i}")
+        lease = node.client.lease_tasks
+
+        async def timed(*args: Any, _lease: Any = lease, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            out = await _lease(*args, **kw)
+            leases.append((time.time(), time.perf_counter() - t0))
+            return out
+
+        node.client.lease_tasks = timed
+        nodes.append(node)
+    tasks = [asyncio.create_task(n.run(stop)) for n in nodes]
+    while not stop_file.exists():
+        await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {"leases": leases, "rollouts": sum(n.completed for n in nodes)}
+
+
+def worker(args: argparse.Namespace) -> None:
+    result = asyncio.run(run_nodes(args.url, args.config, args.work_dir, args.first,
+                                   args.count, args.concurrency, Path(args.stop_file)))
+    Path(args.result).write_text(json.dumps(result))
+
+
+def measure(size: int, workers: int, seconds: float, concurrency: int,
+            generation_seconds: float, root: Path) -> dict[str, Any]:
+    run_dir = root / f"n{size}"
+    config = make_config(run_dir, generation_seconds)
+    dataflow, url = start_dataflow(run_dir, config)
+    stop_consumer = threading.Event()
+    consumer = None
+    procs = []
+    try:
+        publish_weights(url)
+        consumer = threading.Thread(target=consume, args=(url, stop_consumer), daemon=True)
+        consumer.start()
+        stop_file = run_dir / "stop"
+        share = [size // workers + (i < size % workers) for i in range(workers)]
+        first = 0
+        for i, count in enumerate(share):
+            procs.append((subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--url", url, "--config", str(config),
+                 "--work-dir", str(run_dir / "nodes"), "--first", str(first), "--count",
+                 str(count), "--concurrency", str(concurrency), "--stop-file", str(stop_file),
+                 "--result", str(run_dir / f"worker{i}.json")],
+                env=dict(os.environ, OMP_NUM_THREADS="1")), run_dir / f"worker{i}.json"))
+            first += count
+        t_joined = time.time()
+        deadline = t_joined + 300
+        while sum(1 for n in status(url)["nodes"] if n["kind"] == "raas"
+                  and n["state"] == "active") < size:
+            if time.time() > deadline:
+                raise RuntimeError(f"only some of {size} nodes registered")
+            time.sleep(0.5)
+        join_seconds = time.time() - t_joined
+        time.sleep(2.0)  # every node past its first lease
+        t0, before = time.time(), status(url)
+        time.sleep(seconds)
+        t1, after = time.time(), status(url)
+        stop_file.touch()
+        results = []
+        for proc, path in procs:
+            proc.wait(timeout=300)
+            results.append(json.loads(path.read_text()))
+    finally:
+        stop_consumer.set()
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+        dataflow.terminate()
+        dataflow.wait(timeout=30)
+        if consumer is not None:
+            consumer.join(timeout=10)
+    window = np.array([lat for r in results for t, lat in r["leases"] if t0 <= t <= t1])
+    accepted = after["trajectories"]["accepted"] - before["trajectories"]["accepted"]
+    tasks = after["tasks"]["completed"] - before["tasks"]["completed"]
+    ceiling = size * concurrency / generation_seconds  # tasks/s if leasing cost nothing
+    return {
+        "nodes": size,
+        "worker_processes": workers,
+        "join_seconds": round(join_seconds, 2),
+        "lease_calls": int(window.size),
+        "lease_p50_ms": round(float(np.percentile(window, 50)) * 1e3, 2),
+        "lease_p99_ms": round(float(np.percentile(window, 99)) * 1e3, 2),
+        "trajectories_per_second": round(accepted / (t1 - t0), 1),
+        "tasks_per_second": round(tasks / (t1 - t0), 1),
+        "tasks_per_second_ceiling": ceiling,
+        "fraction_of_ceiling": round(tasks / (t1 - t0) / ceiling, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--workers", type=int, default=2, help="node processes per size")
+    parser.add_argument("--concurrency", type=int, default=2, help="tasks in flight per node")
+    parser.add_argument("--generation-seconds", type=float, default=1.0)
+    parser.add_argument("--out", default="bench/results/scale.json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--url", "--config", "--work-dir", "--stop-file", "--result"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    root = Path(tempfile.mkdtemp(prefix="astraflow-scale-"))
+    try:
+        rows = [measure(size, args.workers, args.seconds, args.concurrency,
+                        args.generation_seconds, root) for size in args.sizes]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = rows[0]
+    for row in rows:
+        row["throughput_vs_baseline"] = round(
+            row["trajectories_per_second"] / max(base["trajectories_per_second"], 1e-9), 2)
+        row["lease_p99_vs_baseline"] = round(row["lease_p99_ms"] / base["lease_p99_ms"], 2)
+        print(f"{row['nodes']:4d} nodes: lease p50 {row['lease_p50_ms']:7.2f} ms  p99 "
+              f"{row['lease_p99_ms']:7.2f} ms  {row['trajectories_per_second']:8.1f} traj/s "
+              f"({row['throughput_vs_baseline']}x the {base['nodes']}-node baseline, "
+              f"{row['fraction_of_ceiling']:.0%} of the sim ceiling)", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {"seconds": args.seconds, "concurrency_per_node": args.concurrency,
+                     "generation_seconds": args.generation_seconds, "group_size": GROUP_SIZE,
+                     "worker_processes": args.workers},
+        "sizes": rows,
+    }, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
