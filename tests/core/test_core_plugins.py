@@ -135,8 +135,9 @@ def test_check_pending_unloads_a_plugin_with_a_misspelt_hook(monkeypatch, capsys
     assert pm.infos["typo"].error
 
 
-def test_unfinished_backend_refuses_clearly():
-    proc = run_cli("+trainer=megatron", "steps=1")
+def test_a_backend_that_cannot_run_here_refuses_before_anything_starts(tmp_path):
+    proc = run_cli("+raas=sglang", f"run_dir={tmp_path / 'run'}")
     assert proc.returncode == 2
-    assert "trainer=megatron" in proc.stderr and "not available yet" in proc.stderr
+    assert "GPU" in proc.stderr and "pip install" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -47,6 +47,15 @@ class Workflow(ABC):
         self.tokenizer = tokenizer
         self.reward = reward
 
+    @staticmethod
+    def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:
+        """Supervised (prompt, answer) examples a locally made model starts from.
+
+        The default is the task's own training set; a workflow whose roles need another
+        format (a verifier's verdicts, a tool-call syntax) adds examples of it.
+        """
+        return list(tasks)
+
     @abstractmethod
     async def run(
         self, task: Task, policies: dict[str, PolicyHandle], group_size: int

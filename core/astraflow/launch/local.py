@@ -248,13 +248,17 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
 
         tasks = list(get_registry().get("task", cfg.task.name).create(cfg.task).train_tasks())
         workflow_cls = get_registry().get("workflow", cfg.workflow.name).load()
-        tasks = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
+        examples = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
         cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
         out = cache / "models" / f"tiny-{cfg.task.name}-{cfg.workflow.name}-seed{cfg.seed}"
         model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
                                                         cfg.model))
+        # as many passes over the task's own examples whatever else a workflow adds, so a
+        # solver trained next to a verifier starts as strong as one trained alone
+        model_cfg.warmstart_steps = math.ceil(
+            model_cfg.warmstart_steps * len(examples) / max(len(tasks), 1))
         cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
-                                         warmstart_tasks=tasks)
+                                         warmstart_tasks=examples)
     OmegaConf.save(cfg, run_dir / "config.yaml")
     return cfg, run_dir
 
