@@ -63,9 +63,11 @@ def held_by_node(run_dir: Path) -> dict[str, int]:
 def test_nodes_join_and_leave_a_running_job(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("ASTRAFLOW_TOKEN", TOKEN)
     run_dir = tmp_path / "elastic"
+    # three nodes produce less than the trainer consumes, so no trajectory waits long
+    # enough to turn stale: every one accepted must be trained on
     launcher = start_run(run_dir, tiny_model_dir, f"steps={STEPS}", f"eval_every={STEPS}",
                          "num_nodes=1", "node_concurrency=2", "batch_size=16",
-                         "raas.generation_seconds=0.4",
+                         "raas.generation_seconds=0.8",
                          f"policies.policy.max_staleness={MAX_STALENESS}")
     step = lambda: (train_records(run_dir) or [{"step": 0}])[-1]["step"]  # noqa: E731
     joined: dict[str, subprocess.Popen] = {}

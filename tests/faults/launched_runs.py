@@ -15,7 +15,7 @@ from typing import Any
 
 #: raas=sim with a small, quick job: the trainer and data layer are the real ones
 SIM_RUN = ["+raas=sim", "raas.generation_seconds=0.05", "batch_size=8", "group_size=4",
-           "node_concurrency=4", "model.warmstart_steps=0", "launcher.progress=false",
+           "node_concurrency=4", "launcher.progress=false",
            "dataflow.lease_seconds=6", "dataflow.heartbeat_timeout=6"]
 
 
