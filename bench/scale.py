@@ -94,6 +94,12 @@ def consume(url: str, stop: threading.Event) -> None:
                 client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def status(url: str) -> dict[str, Any]:
     return httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"},
                      timeout=30).json()
@@ -168,9 +174,9 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
             time.sleep(0.5)
         join_seconds = time.time() - t_joined
         time.sleep(2.0)  # every node past its first lease
-        t0, before = time.time(), status(url)
+        t0, before, cpu0 = time.time(), status(url), cpu_seconds(dataflow.pid)
         time.sleep(seconds)
-        t1, after = time.time(), status(url)
+        t1, after, cpu1 = time.time(), status(url), cpu_seconds(dataflow.pid)
         stop_file.touch()
         results = []
         for proc, path in procs:
@@ -200,6 +206,9 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
         "tasks_per_second": round(tasks / (t1 - t0), 1),
         "tasks_per_second_ceiling": ceiling,
         "fraction_of_ceiling": round(tasks / (t1 - t0) / ceiling, 3),
+        # near 1.0: the data layer's one event loop is the bottleneck; well below with
+        # slow leases: the node processes (sharing the same cores) are
+        "dataflow_cpu_fraction": round((cpu1 - cpu0) / (t1 - t0), 3),
     }
 
 
@@ -234,7 +243,8 @@ def main() -> None:
         print(f"{row['nodes']:4d} nodes: lease p50 {row['lease_p50_ms']:7.2f} ms  p99 "
               f"{row['lease_p99_ms']:7.2f} ms  {row['trajectories_per_second']:8.1f} traj/s "
               f"({row['throughput_vs_baseline']}x the {base['nodes']}-node baseline, "
-              f"{row['fraction_of_ceiling']:.0%} of the sim ceiling)", flush=True)
+              f"{row['fraction_of_ceiling']:.0%} of the sim ceiling; data layer CPU "
+              f"{row['dataflow_cpu_fraction']:.0%})", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
