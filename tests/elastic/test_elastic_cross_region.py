@@ -12,24 +12,28 @@ import time
 from pathlib import Path
 
 import httpx
-from launched_runs import start_run, train_records, wait_for
+from launched_runs import ledger, start_run, train_records, wait_for
 from shaped_link import ShapedLink
 
 TOKEN = "cross-region-token"
 STEPS = 12
-RUN = [f"steps={STEPS}", f"eval_every={STEPS}", "batch_size=32", "num_nodes=1",
+BATCH = 32
+RUN = [f"steps={STEPS}", f"eval_every={STEPS}", f"batch_size={BATCH}", "num_nodes=1",
        "node_concurrency=2", "raas.generation_seconds=0.5", "policies.policy.max_staleness=4"]
 #: the stated bound: mean trainer wait per step with the remote pool, relative to the
 #: local-only run (a remote pool may add capacity; it must never hold the trainer back)
 WAIT_BOUND = 1.10
 
 
-def _remote_production(url: str, samples: list, stop: threading.Event) -> None:
+def _arrivals(url: str, samples: list, stop: threading.Event) -> None:
+    """(time, trajectories accepted in all, of them from the remote pool), every 0.1 s."""
     headers = {"Authorization": f"Bearer {TOKEN}"}
     while not stop.is_set():
         try:
+            total = httpx.get(f"{url}/v1/status", headers=headers,
+                              timeout=2).json()["trajectories"]["accepted"]
             pools = httpx.get(f"{url}/v1/autoscale", headers=headers, timeout=2).json()["pools"]
-            samples.append((time.time(), pools.get("remote", {}).get("produced", 0)))
+            samples.append((time.time(), total, pools.get("remote", {}).get("produced", 0)))
         except (httpx.HTTPError, KeyError):
             pass
         stop.wait(0.1)
@@ -43,7 +47,7 @@ def _run(run_dir: Path, model: str, link: ShapedLink, remote: bool) -> tuple[lis
         url = wait_for(lambda: (run_dir / "store" / "url").exists()
                        and (run_dir / "store" / "url").read_text().strip(), 120,
                        "the data layer", launcher)
-        watcher = threading.Thread(target=_remote_production, args=(url, samples, stop))
+        watcher = threading.Thread(target=_arrivals, args=(url, samples, stop))
         watcher.start()
         if remote:
             port = int(url.rsplit(":", 1)[1])
@@ -73,21 +77,22 @@ def test_remote_pool_behind_a_shaped_link_feeds_every_iteration(tmp_path, tiny_m
     remote_log = (tmp_path / "remote.log").read_text()
     assert "registered as raas-remote-0" in remote_log, remote_log[-2000:]
     assert remote_log.count("now at version") >= 2  # weight pulls crossed the link
-    joined = next(t for t, produced in samples if produced > 0)
-    # every iteration after the remote pool's first upload had remote trajectories
-    # accepted since the iteration before it
-    steps = [r for r in both if r["time"] > joined + 1.0]
-    assert len(steps) >= 3, (len(steps), both)
-
-    def produced_at(t: float) -> int:
-        return max((p for s, p in samples if s <= t), default=0)
-
-    previous = joined + 1.0
-    for rec in steps:
-        assert produced_at(rec["time"]) > produced_at(previous), (rec["step"], samples)
-        previous = rec["time"]
+    # batches are served first in, first out and nothing was dropped, so batch k holds
+    # the trajectories accepted in places BATCH*(k-1)+1 .. BATCH*k: every batch formed
+    # after the remote pool's first upload must hold some of its trajectories
+    ledger_counts = ledger(tmp_path / "both")
+    assert ledger_counts.get("dropped_stale:policy", 0) == 0, ledger_counts
+    first_remote = next(total for _, total, remote in samples if remote > 0)
+    batches = [k for k in range(1, STEPS + 1) if BATCH * (k - 1) >= first_remote]
+    assert len(batches) >= 3, (first_remote, samples[-1])
+    for k in batches:
+        before = max(r for _, total, r in samples if total <= BATCH * (k - 1))
+        after = min(r for _, total, r in samples if total >= BATCH * k)
+        assert after > before, (k, samples)
+    steps = [r for r in both if r["step"] >= batches[0]]
     wait_local = sum(r["wait_seconds"] for r in local[1:]) / len(local[1:])
     wait_both = sum(r["wait_seconds"] for r in steps) / len(steps)
-    print(f"cross-region ({link.shaping}): trainer wait per step {wait_both:.3f} s with the "
-          f"remote pool, {wait_local:.3f} s local-only")
+    print(f"cross-region ({link.shaping}): {len(batches)} batches each held remote "
+          f"trajectories; trainer wait per step {wait_both:.3f} s with the remote pool, "
+          f"{wait_local:.3f} s local-only")
     assert wait_both <= WAIT_BOUND * wait_local
