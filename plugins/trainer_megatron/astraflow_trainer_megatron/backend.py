@@ -19,10 +19,8 @@ rank) and everything else in JSON: nothing is pickled.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +28,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from astraflow.contracts import TrainerBackend
-from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
-from astraflow.types import Batch, TrainItem
+from astraflow.rl.policy_gradient import PolicyGradientBackend, check_config, dtype_of
 
 with warnings.catch_warnings():
     # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
@@ -44,8 +40,6 @@ with warnings.catch_warnings():
 
     from astraflow_trainer_megatron import convert, parallel
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_LOSSES = ("ppo", "m2po")
 _STATE_FILE = "trainer_state.json"
 _FORMAT = 1
 #: files of a Hugging Face checkpoint that describe the model without its weights
@@ -60,21 +54,6 @@ _HF_SIDE_FILES = (
     "merges.txt",
     "tokenizer.model",
 )
-
-
-@dataclass
-class _MicroBatch:
-    tokens: torch.Tensor  # [b, T] right-padded ids
-    mask: torch.Tensor  # [b, T] 1.0 on trained tokens
-    old_logp: torch.Tensor  # [b, T] behaviour log-probs
-    advantages: torch.Tensor  # [b, 1]
-    lengths: list[int]
-
-
-def _dtype(name: str, field: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"trainer.{field}={name!r}: choose one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
 
 
 def _build_model(
@@ -125,17 +104,14 @@ def _tp_rank() -> int:
     return parallel_state.get_tensor_model_parallel_rank()
 
 
-class MegatronTrainerBackend(TrainerBackend):
+class MegatronTrainerBackend(PolicyGradientBackend):
     """PPO-clip / GRPO or M2PO over Megatron-core's GPT, on CPU or CUDA GPUs."""
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
-        if config.loss not in _LOSSES:
-            raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(_LOSSES)}")
-        if config.micro_batch_size < 1:
-            raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
-        self.dtype = _dtype(config.dtype, "dtype")
-        self.export_dtype = _dtype(config.export_dtype, "export_dtype")
+        check_config(config)
+        self.dtype = dtype_of(config.dtype, "dtype")
+        self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
         self.arch = convert.Architecture.from_hf(model_path)
@@ -183,43 +159,7 @@ class MegatronTrainerBackend(TrainerBackend):
         pad = json.loads((Path(self.model_path) / "config.json").read_text()).get("pad_token_id")
         return 0 if pad is None else int(pad)
 
-    # -- batches -----------------------------------------------------------------
-
-    def _micro_batches(self, items: list[TrainItem]) -> list[_MicroBatch]:
-        size = self.config.micro_batch_size
-        out = []
-        for start in range(0, len(items), size):
-            chunk = items[start : start + size]
-            for item in chunk:
-                item.trajectory.validate()
-            width = max(len(item.trajectory.tokens) for item in chunk)
-
-            def padded(values: list[Any], fill: float, width: int = width) -> list[Any]:
-                return list(values) + [fill] * (width - len(values))
-
-            trajs = [item.trajectory for item in chunk]
-            out.append(
-                _MicroBatch(
-                    tokens=torch.tensor(
-                        [padded(t.tokens, self.pad_token_id) for t in trajs], device=self.device
-                    ),
-                    mask=torch.tensor(
-                        [padded(t.loss_mask, 0) for t in trajs],
-                        dtype=torch.float,
-                        device=self.device,
-                    ),
-                    old_logp=torch.tensor(
-                        [padded(t.logprobs, 0.0) for t in trajs], device=self.device
-                    ),
-                    advantages=torch.tensor(
-                        [[item.advantage] for item in chunk], device=self.device
-                    ),
-                    lengths=[len(t.tokens) for t in trajs],
-                )
-            )
-        return out
-
-    def _forward(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[b, T, V]`` without vocabulary padding.
 
         The causal mask is explicit: Megatron's default one is built on CUDA.
@@ -231,68 +171,11 @@ class MegatronTrainerBackend(TrainerBackend):
             logits = model(tokens, positions, causal[None, None])
         return logits[..., : self.arch.vocab_size]
 
-    # -- the contract --------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        with parallel.megatron_device():
+            loss.backward()
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        cfg = self.config
-        micros = self._micro_batches(batch.items)
-        num_tokens = float(sum(float(m.mask.sum()) for m in micros))
-        if num_tokens == 0:
-            raise ValueError(f"batch {batch.batch_id!r} has no trained tokens (all loss_mask 0)")
-        clip = self._clip(micros)
-        self.optimizer.zero_grad(set_to_none=True)
-        totals = dict.fromkeys(("loss", "clipped", "ratio", "kl", "entropy", "logp_diff"), 0.0)
-        for micro in micros:
-            logits = self._forward(self.model, micro.tokens)
-            logp = token_logprobs(logits, micro.tokens)
-            ref_logp = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logits = self._forward(self.reference, micro.tokens)
-                    ref_logp = token_logprobs(ref_logits, micro.tokens)
-            out = policy_loss(
-                logp,
-                micro.old_logp,
-                micro.advantages,
-                micro.mask,
-                clip=clip,
-                ref_logp=ref_logp,
-                kl_coef=cfg.kl_coef,
-                num_tokens=num_tokens,
-            )
-            with parallel.megatron_device():
-                out.loss.backward()
-            totals["loss"] += float(out.loss.detach())
-            totals["clipped"] += float(out.clipped_tokens)
-            totals["ratio"] += float(out.ratio_sum)
-            totals["kl"] += float(out.kl_sum)
-            totals["entropy"] += float((token_entropy(logits) * micro.mask).sum())
-            diff = (logp.detach() - micro.old_logp).abs() * micro.mask
-            totals["logp_diff"] += float(diff.sum())
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-        grad_norm = self._clip_grad_norm(max_norm)
-        self.optimizer.step()
-        self.step += 1
-        metrics = {
-            "loss": totals["loss"],
-            "grad_norm": grad_norm,
-            "clip_fraction": totals["clipped"] / num_tokens,
-            "ratio_mean": totals["ratio"] / num_tokens,
-            "entropy": totals["entropy"] / num_tokens,
-            "logprob_abs_diff": totals["logp_diff"] / num_tokens,
-            "tokens": num_tokens,
-            "sequences": float(len(batch.items)),
-            "step": float(self.step),
-        }
-        if self.reference is not None:
-            metrics["kl"] = totals["kl"] / num_tokens
-        if cfg.loss == "m2po":
-            metrics["m2po_clip_active"] = float(clip is not None)
-            if clip is not None:
-                metrics["m2po_eps_low"], metrics["m2po_eps_high"] = clip
-        return metrics
-
-    def _clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> float:
         """``clip_grad_norm_`` over the whole model, whichever rank holds which shard.
 
         Replicated parameters (norms) count once; sharded ones add their squares
@@ -311,34 +194,6 @@ class MegatronTrainerBackend(TrainerBackend):
             for _, g in grads:
                 g.mul_(scale)
         return norm
-
-    def _clip(self, micros: list[_MicroBatch]) -> tuple[float, float] | None:
-        """PPO's fixed bounds, or M2PO's from a no-grad pass over the whole batch."""
-        if self.config.loss == "ppo":
-            return (self.config.eps_low, self.config.eps_high)
-        logps, olds, advs, masks = [], [], [], []
-        with torch.no_grad():
-            for micro in micros:
-                logp = token_logprobs(self._forward(self.model, micro.tokens), micro.tokens)
-                logps.append(logp.flatten())
-                olds.append(micro.old_logp.flatten())
-                advs.append(micro.advantages.expand_as(logp).flatten())
-                masks.append(micro.mask.flatten())
-        return m2po_clip(
-            torch.cat(logps),
-            torch.cat(olds),
-            torch.cat(advs),
-            torch.cat(masks),
-            tau=self.config.m2po_tau,
-        )
-
-    @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> list[list[float]]:
-        out: list[list[float]] = []
-        for micro in self._micro_batches(batch.items):
-            logp = token_logprobs(self._forward(self.model, micro.tokens), micro.tokens)
-            out += [row[:n] for row, n in zip(logp.tolist(), micro.lengths, strict=True)]
-        return out
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         """Every parameter whole (gathered across tensor-parallel ranks), Megatron names."""

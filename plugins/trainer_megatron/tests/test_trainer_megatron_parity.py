@@ -98,7 +98,7 @@ def test_exported_version_loads_in_transformers_with_megatrons_logits(
     )
     ids = torch.tensor([batch.items[0].trajectory.tokens, batch.items[1].trajectory.tokens])
     with torch.no_grad():
-        expected = megatron._forward(megatron.model, ids).float()
+        expected = megatron.logits(megatron.model, ids).float()
         got = loaded(input_ids=ids).logits
     diff = float((got - expected).abs().max())
     print(f"\n[{export_dtype} export] max |logit diff| transformers vs Megatron {diff:.2e}")

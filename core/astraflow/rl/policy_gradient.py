@@ -1,0 +1,175 @@
+"""The train step every policy-gradient trainer backend shares (imports torch).
+
+A backend supplies its model, optimiser and how to get logits; this base supplies
+micro-batching, the loss (PPO-clip / GRPO or M2PO, optional KL), gradient
+accumulation normalised by the whole batch's trained tokens, clipping and metrics. So
+``trainer=hf`` and ``trainer=megatron`` optimise exactly the same objective.
+
+Sequences are right-padded, so causal attention never lets a real token see padding.
+Each item's advantage is broadcast over its trained tokens (``loss_mask``);
+``Trajectory.logprobs`` are the behaviour log-probs of the importance ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from astraflow.contracts import TrainerBackend
+from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
+from astraflow.types import Batch, TrainItem
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LOSSES = ("ppo", "m2po")
+
+
+def dtype_of(name: str, field: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"trainer.{field}={name!r}: choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def check_config(config: Any) -> None:
+    if config.loss not in LOSSES:
+        raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
+    if config.micro_batch_size < 1:
+        raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
+
+
+@dataclass
+class MicroBatch:
+    tokens: torch.Tensor  # [b, T] right-padded ids
+    mask: torch.Tensor  # [b, T] 1.0 on trained tokens
+    old_logp: torch.Tensor  # [b, T] behaviour log-probs
+    advantages: torch.Tensor  # [b, 1]
+    lengths: list[int]
+
+
+def micro_batches(items: list[TrainItem], size: int, pad_token_id: int,
+                  device: torch.device | str | None = None) -> list[MicroBatch]:
+    out = []
+    for start in range(0, len(items), size):
+        chunk = items[start : start + size]
+        for item in chunk:
+            item.trajectory.validate()
+        width = max(len(item.trajectory.tokens) for item in chunk)
+
+        def padded(values: list[Any], fill: float, width: int = width) -> list[Any]:
+            return list(values) + [fill] * (width - len(values))
+
+        trajs = [item.trajectory for item in chunk]
+        out.append(MicroBatch(
+            tokens=torch.tensor([padded(t.tokens, pad_token_id) for t in trajs], device=device),
+            mask=torch.tensor([padded(t.loss_mask, 0) for t in trajs], dtype=torch.float,
+                              device=device),
+            old_logp=torch.tensor([padded(t.logprobs, 0.0) for t in trajs], device=device),
+            advantages=torch.tensor([[item.advantage] for item in chunk], device=device),
+            lengths=[len(t.tokens) for t in trajs],
+        ))
+    return out
+
+
+class PolicyGradientBackend(TrainerBackend):
+    """``train_step`` and ``compute_logprobs`` over whatever model a subclass builds.
+
+    Subclasses set ``model``, ``reference`` (or None), ``optimizer``, ``pad_token_id``
+    and ``device``, and implement ``logits``; they may override ``backward`` and
+    ``clip_grad_norm`` (e.g. to run inside an engine's device context or to sum norms
+    across tensor-parallel shards).
+    """
+
+    model: Any
+    reference: Any = None
+    optimizer: torch.optim.Optimizer
+    pad_token_id: int = 0
+    device: torch.device | str | None = None
+    step: int = 0
+
+    def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
+        """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def _micro_batches(self, items: list[TrainItem]) -> list[MicroBatch]:
+        return micro_batches(items, self.config.micro_batch_size, self.pad_token_id,
+                             self.device)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        cfg = self.config
+        micros = self._micro_batches(batch.items)
+        num_tokens = float(sum(float(m.mask.sum()) for m in micros))
+        if num_tokens == 0:
+            raise ValueError(f"batch {batch.batch_id!r} has no trained tokens (all loss_mask 0)")
+        clip = self._clip(micros)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = dict.fromkeys(("loss", "clipped", "ratio", "kl", "entropy", "logp_diff"), 0.0)
+        for micro in micros:
+            logits = self.logits(self.model, micro.tokens)
+            logp = token_logprobs(logits, micro.tokens)
+            ref_logp = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logp = token_logprobs(self.logits(self.reference, micro.tokens),
+                                              micro.tokens)
+            out = policy_loss(logp, micro.old_logp, micro.advantages, micro.mask, clip=clip,
+                              ref_logp=ref_logp, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
+            self.backward(out.loss)
+            totals["loss"] += float(out.loss.detach())
+            totals["clipped"] += float(out.clipped_tokens)
+            totals["ratio"] += float(out.ratio_sum)
+            totals["kl"] += float(out.kl_sum)
+            totals["entropy"] += float((token_entropy(logits) * micro.mask).sum())
+            diff = (logp.detach() - micro.old_logp).abs() * micro.mask
+            totals["logp_diff"] += float(diff.sum())
+        grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+        self.optimizer.step()
+        self.step += 1
+        metrics = {
+            "loss": totals["loss"],
+            "grad_norm": grad_norm,
+            "clip_fraction": totals["clipped"] / num_tokens,
+            "ratio_mean": totals["ratio"] / num_tokens,
+            "entropy": totals["entropy"] / num_tokens,
+            "logprob_abs_diff": totals["logp_diff"] / num_tokens,
+            "tokens": num_tokens,
+            "sequences": float(len(batch.items)),
+            "step": float(self.step),
+        }
+        if self.reference is not None:
+            metrics["kl"] = totals["kl"] / num_tokens
+        if cfg.loss == "m2po":
+            metrics["m2po_clip_active"] = float(clip is not None)
+            if clip is not None:
+                metrics["m2po_eps_low"], metrics["m2po_eps_high"] = clip
+        return metrics
+
+    def _clip(self, micros: list[MicroBatch]) -> tuple[float, float] | None:
+        """PPO's fixed bounds, or M2PO's from a no-grad pass over the whole batch."""
+        if self.config.loss == "ppo":
+            return (self.config.eps_low, self.config.eps_high)
+        logps, olds, advs, masks = [], [], [], []
+        with torch.no_grad():
+            for micro in micros:
+                logp = token_logprobs(self.logits(self.model, micro.tokens), micro.tokens)
+                logps.append(logp.flatten())
+                olds.append(micro.old_logp.flatten())
+                advs.append(micro.advantages.expand_as(logp).flatten())
+                masks.append(micro.mask.flatten())
+        return m2po_clip(torch.cat(logps), torch.cat(olds), torch.cat(advs), torch.cat(masks),
+                         tau=self.config.m2po_tau)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> list[list[float]]:
+        out: list[list[float]] = []
+        for micro in self._micro_batches(batch.items):
+            logp = token_logprobs(self.logits(self.model, micro.tokens), micro.tokens)
+            out += [row[:n] for row, n in zip(logp.tolist(), micro.lengths, strict=True)]
+        return out
