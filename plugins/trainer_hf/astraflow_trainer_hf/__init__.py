@@ -6,36 +6,14 @@ Importing this module is cheap: the implementation is imported only when selecte
 from dataclasses import dataclass
 
 from astraflow import hookimpl
+from astraflow.rl.options import PolicyGradientOptions
 
 
 @dataclass
-class HFConfig:
-    """Settings of ``trainer=hf``.
-
-    ``dtype`` is the dtype of the trained (master) weights: float32 keeps small AdamW
-    updates that bfloat16 weights would round away. ``export_dtype`` is what the
-    rollout engines load. ``loss`` is ``ppo`` (PPO-clip / GRPO with ``eps_low`` and
-    ``eps_high``) or ``m2po`` (clip bounds from the batch's second moment, ``m2po_tau``).
-    ``kl_coef > 0`` keeps a frozen copy of the initial model as the KL reference.
-    ``num_threads`` sets torch's intra-op threads (0 leaves torch's default).
-    """
+class HFConfig(PolicyGradientOptions):
+    """Settings of ``trainer=hf``: the shared optimisation settings."""
 
     name: str = "hf"
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    adam_eps: float = 1e-8
-    micro_batch_size: int = 64
-    dtype: str = "float32"
-    export_dtype: str = "bfloat16"
-    loss: str = "ppo"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    m2po_tau: float = 0.01
-    kl_coef: float = 0.0
-    max_grad_norm: float = 1.0
-    num_threads: int = 0
 
 
 @hookimpl
