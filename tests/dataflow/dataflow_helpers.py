@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
+from astraflow.testing import wait_until
 from astraflow.types import PROMPT, Span, Trajectory
 
 TOKEN = "test-token"
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition"):
-    """Poll ``condition`` until it returns something truthy (and return it)."""
-    give_up = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+__all__ = ["TOKEN", "wait_until"]
 
 
 def make_trajectory(task_id: str, policy: str = "policy", reward: float = 0.0,

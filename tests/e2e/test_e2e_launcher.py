@@ -71,7 +71,8 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
     import signal
-    import time
+
+    from astraflow.testing import wait_until
 
     run_dir = tmp_path / "interrupted"
     launcher = subprocess.Popen(
@@ -80,11 +81,8 @@ def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     metrics = run_dir / "metrics" / "train-policy.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert launcher.poll() is None, launcher.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "training never started"
-        time.sleep(0.2)
+    wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300,
+               "training to start", process=launcher)
     assert len(_processes_mentioning(str(run_dir))) >= 4  # data layer, trainer, eval, node
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=120)

@@ -8,10 +8,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from astraflow.testing import wait_until
 
 #: raas=sim with a small, quick job: the trainer and data layer are the real ones
 SIM_RUN = ["+raas=sim", "raas.generation_seconds=0.05", "batch_size=8", "group_size=4",
@@ -30,18 +31,7 @@ def start_run(run_dir: Path, model_dir: str, *overrides: str) -> subprocess.Pope
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str,
              launcher: subprocess.Popen | None = None) -> Any:
-    """Poll ``condition`` until it is truthy; fail naming ``what`` (and the launcher's
-    stderr if it exited meanwhile)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if launcher is not None and launcher.poll() is not None:
-            raise AssertionError(f"the launcher exited ({launcher.returncode}) while waiting "
-                                 f"for {what}: {launcher.stderr.read()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return wait_until(condition, timeout, what, process=launcher, interval=0.2)
 
 
 def records(path: Path) -> list[dict[str, Any]]:

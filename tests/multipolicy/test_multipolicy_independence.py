@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,18 +14,9 @@ import pytest
 
 from astraflow.config import compose_config
 from astraflow.launch.local import prepare
+from astraflow.testing import wait_until
 
 TOKEN = "multipolicy-test-token"
-
-
-def _wait(condition, timeout: float, what: str):
-    give_up = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 class Job:
@@ -77,7 +67,7 @@ def solve_verify_job(tmp_path, tiny_model_dir):
     store = run_dir / "store"
     job.spawn("dataflow", "dataflow", "--port", "0", "--store", str(store),
               "--config", str(run_dir / "config.yaml"))
-    job.url = _wait(lambda: (store / "url").exists() and (store / "url").read_text().strip(),
+    job.url = wait_until(lambda: (store / "url").exists() and (store / "url").read_text().strip(),
                     60, "the data layer")
     job.spawn("raas", "raas", *job.common())
     for policy in ("solver", "verifier"):
@@ -89,14 +79,14 @@ def solve_verify_job(tmp_path, tiny_model_dir):
 
 def test_killing_one_policys_trainer_does_not_stop_the_other(solve_verify_job):
     job = solve_verify_job
-    _wait(lambda: job.steps("verifier") >= 2 and job.steps("solver") >= 2, 300,
+    wait_until(lambda: job.steps("verifier") >= 2 and job.steps("solver") >= 2, 300,
           "both policies to train")
     job.procs["trainer-verifier"].kill()
     job.procs["trainer-verifier"].wait()
     frozen = job.status()["versions"]["verifier"]
     solver_at_kill = job.status()["versions"]["solver"]
     # well past the verifier's staleness budget: its queue would have stopped all rollouts
-    _wait(lambda: job.status()["versions"]["solver"] >= solver_at_kill + 12, 300,
+    wait_until(lambda: job.status()["versions"]["solver"] >= solver_at_kill + 12, 300,
           "the solver to keep training")
     status = job.status()
     assert status["versions"]["verifier"] == frozen
@@ -108,7 +98,7 @@ def test_killing_one_policys_trainer_does_not_stop_the_other(solve_verify_job):
 
 def test_each_policy_trains_only_on_its_own_tokens(solve_verify_job):
     job = solve_verify_job
-    _wait(lambda: job.steps("verifier") >= 3 and job.steps("solver") >= 3, 300,
+    wait_until(lambda: job.steps("verifier") >= 3 and job.steps("solver") >= 3, 300,
           "both policies to train")
     records = {p: [json.loads(line) for line in
                    (job.run_dir / "metrics" / f"train-{p}.jsonl").read_text().splitlines()]

@@ -13,6 +13,11 @@ The fixtures in :mod:`astraflow.testing.pytest_plugin` load automatically (``pyt
 
 from __future__ import annotations
 
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
 from astraflow.plugins import get_registry
 
 _GROUP_KIND = {
@@ -35,4 +40,25 @@ def assert_plugin_installed(plugin: str, distribution: str, group: str, option: 
     assert any(option in registry.entries[k] for k in _GROUP_KIND[group])
 
 
-__all__ = ["assert_plugin_installed"]
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+               process: subprocess.Popen | None = None, interval: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns something truthy, and return it.
+
+    Fails naming ``what`` after ``timeout`` seconds, or at once when ``process`` (the
+    thing expected to make the condition true) has exited meanwhile.
+    """
+    give_up = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            err = process.stderr.read()[-3000:] if process.stderr else ""
+            raise AssertionError(f"process exited ({process.returncode}) while waiting for "
+                                 f"{what}: {err}")
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+__all__ = ["assert_plugin_installed", "wait_until"]

@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import yaml
 
 from astraflow.dataflow.client import DataflowClient
+from astraflow.testing import wait_until
 from astraflow.types import Generation
 from astraflow.workflows.builder import TrajectoryBuilder
 
@@ -26,10 +26,7 @@ def _start(store, config) -> tuple[subprocess.Popen, str]:
          "--config", str(config)],
         env=dict(os.environ, ASTRAFLOW_TOKEN=TOKEN), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
-    give_up = time.monotonic() + 60
-    while not url_file.exists():
-        assert proc.poll() is None and time.monotonic() < give_up, "data layer did not start"
-        time.sleep(0.05)
+    wait_until(url_file.exists, 60, "the data layer to start", process=proc)
     return proc, url_file.read_text().strip()
 
 
