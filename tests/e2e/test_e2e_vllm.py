@@ -12,11 +12,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from astraflow.models.tiny import load_tokenizer
-from astraflow.plugins import get_registry
-from astraflow.testing.engine import LoopThread
-from astraflow.types import Batch, GenerationRequest, TrainItem
-from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.testing.rollout import logprob_gap
 
 pytest.importorskip("vllm")
 
@@ -27,36 +23,9 @@ TOLERANCE = 1e-4
 
 @pytest.mark.slow
 def test_raas_vllm_logprobs_match_trainer_hf(tiny_model_dir):
-    registry = get_registry()
-    tok = load_tokenizer(tiny_model_dir)
-    raas = registry.get("rollout_backend", "vllm")
-    engine = raas.create(OmegaConf.structured(raas.config_cls), tiny_model_dir)
-    loop = LoopThread()
-    loop.run(engine.start())
-    try:
-        items = []
-        for text in ("12+7=", "3-15=", "20+20="):
-            prompt = tok.encode(text)
-            gens = loop.run(engine.generate(GenerationRequest(prompt, max_new_tokens=8, n=4)))
-            for gen in gens:
-                builder = TrajectoryBuilder(text, text)
-                builder.add_context(prompt)
-                builder.add_generation("policy", gen)
-                items.append(TrainItem(builder.build("policy", 0.0), 0.0))
-    finally:
-        loop.run(engine.shutdown())
-        loop.close()
-    trainer = registry.get("trainer_backend", "hf")
-    backend = trainer.create(OmegaConf.structured(trainer.config_cls), tiny_model_dir)
-    recomputed = backend.compute_logprobs(Batch("b", "policy", items))
-    worst, count = 0.0, 0
-    for item, lps in zip(items, recomputed, strict=True):
-        traj = item.trajectory
-        for behaviour, trained, mask in zip(traj.logprobs, lps, traj.loss_mask, strict=True):
-            if mask:
-                worst, count = max(worst, abs(behaviour - trained)), count + 1
+    worst, count = logprob_gap("vllm", "hf", tiny_model_dir)
     print(f"max |vllm behaviour - hf recomputed| log-prob over {count} tokens: {worst:.2e}")
-    assert count >= len(items)
+    assert count >= 12
     assert worst < TOLERANCE
 
 

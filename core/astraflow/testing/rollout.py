@@ -162,3 +162,45 @@ class RolloutBackendContract:
         held, gens = loop.run(scenario())
         assert held, "a request completed while the engine was paused"
         assert len(gens) == 1
+
+
+def logprob_gap(raas: str, trainer: str, model_dir: str,
+                prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20=")) -> tuple[float, int]:
+    """Max |behaviour - recomputed| log-prob over the sampled tokens, and their count.
+
+    ``raas`` samples 4 continuations per prompt and reports behaviour log-probs;
+    ``trainer`` recomputes them for the same weights and tokens.
+    """
+    from astraflow.models.tiny import load_tokenizer
+    from astraflow.types import Batch, TrainItem
+    from astraflow.workflows.builder import TrajectoryBuilder
+
+    registry = get_registry()
+    tok = load_tokenizer(model_dir)
+    entry = registry.get("rollout_backend", raas)
+    engine = entry.create(OmegaConf.structured(entry.config_cls), model_dir)
+    loop = LoopThread()
+    loop.run(engine.start())
+    items = []
+    try:
+        for text in prompts:
+            prompt = tok.encode(text)
+            for gen in loop.run(engine.generate(GenerationRequest(prompt, max_new_tokens=8,
+                                                                  n=4))):
+                builder = TrajectoryBuilder(text, text)
+                builder.add_context(prompt)
+                builder.add_generation("policy", gen)
+                items.append(TrainItem(builder.build("policy", 0.0), 0.0))
+    finally:
+        loop.run(engine.shutdown())
+        loop.close()
+    entry = registry.get("trainer_backend", trainer)
+    backend = entry.create(OmegaConf.structured(entry.config_cls), model_dir)
+    worst, count = 0.0, 0
+    for item, lps in zip(items, backend.compute_logprobs(Batch("b", "policy", items)),
+                         strict=True):
+        traj = item.trajectory
+        for behaviour, trained, mask in zip(traj.logprobs, lps, traj.loss_mask, strict=True):
+            if mask:
+                worst, count = max(worst, abs(behaviour - trained)), count + 1
+    return worst, count
