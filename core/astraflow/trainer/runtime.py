@@ -39,6 +39,9 @@ class TrainerRuntime:
         self.metrics_path = Path(metrics_path or self.work_dir / f"metrics-{policy}.jsonl")
         self.version = 0
         self.step = 0
+        #: the batch the checkpoint already includes: killed before acknowledging it,
+        #: the trainer is served it again and must ack it, not train on it twice
+        self.trained_batch: str | None = None
 
     def _build(self) -> Any:
         entry = get_registry().get("trainer_backend", self.cfg.trainer.name)
@@ -50,11 +53,11 @@ class TrainerRuntime:
         tensors = {name: from_torch(t) for name, t in backend.export_weights().items()}
         publisher.publish(version, tensors)
 
-    def _save(self, backend: Any) -> None:
+    def _save(self, backend: Any, batch_id: str) -> None:
         tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
         backend.save_checkpoint(str(tmp))
-        (tmp / "runtime.json").write_text(json.dumps({"version": self.version,
-                                                      "step": self.step}))
+        (tmp / "runtime.json").write_text(json.dumps({
+            "version": self.version, "step": self.step, "batch_id": batch_id}))
         if self.ckpt_dir.exists():
             old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
             os.replace(self.ckpt_dir, old)
@@ -70,6 +73,7 @@ class TrainerRuntime:
                 backend.load_checkpoint(str(candidate))
                 state = json.loads(meta.read_text())
                 self.version, self.step = state["version"], state["step"]
+                self.trained_batch = state.get("batch_id")
                 return True
         return False
 
@@ -113,6 +117,11 @@ class TrainerRuntime:
                                           trainer_id=f"trainer-{self.policy}")
             if batch is None:
                 continue
+            if batch.batch_id == self.trained_batch:
+                self.client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
+                self.trained_batch = None
+                t0 = time.time()
+                continue
             t1 = time.time()
             metrics = backend.train_step(batch)
             self.version += 1
@@ -120,7 +129,7 @@ class TrainerRuntime:
             t_trained = time.time()
             self._publish(publisher, self.version, backend)
             t_published = time.time()
-            self._save(backend)
+            self._save(backend, batch.batch_id)
             t2 = time.time()
             self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
             produced = self.client.status()["policies"][self.policy]
