@@ -61,8 +61,9 @@ def test_batches_hold_only_their_policys_sequences_with_foreign_tokens_masked(
                             foreign_seen += 1
                             assert set(traj.versions[span.start:span.end]) == {-1}
                     assert sum(traj.loss_mask) > 0
-            # verifiers always see the solver's answer; a retried solver sees a verdict
-            assert foreign_seen >= 24
+            # a verifier sees the solver's answer unless the solver answered with its end
+            # token alone (then there is nothing to show); a retried solver sees a verdict
+            assert foreign_seen >= 12
     finally:
         for engine in engines.values():
             loop.run(engine.shutdown())
