@@ -47,6 +47,8 @@ def trainer_settings(cfg: DictConfig, policy: str) -> DictConfig:
     lr = cfg.policies[policy].get("lr")
     if lr is not None and "lr" in trainer:
         trainer.lr = lr
+    if trainer.get("total_steps") == 0:
+        trainer.total_steps = cfg.steps  # a schedule spans the run unless told otherwise
     return trainer
 
 

@@ -71,8 +71,9 @@ class AstraFlowConfig:
     seed: int = 0
     mode: str = "async"  # async | sync (the trainer-centred baseline)
     run_dir: str | None = None
-    # the default run: 600 steps of 32 prompts x 8 samples lift held-out accuracy of the
-    # warm-started tiny model by ~30 points in under 10 minutes on 2 CPU cores
+    # the default run: 600 steps of 32 prompts x 8 samples (lr 3e-4, cosine decay) lift
+    # held-out accuracy of the warm-started tiny model by ~35 points in ~3-4 minutes on
+    # 2 quiet CPU cores
     steps: int = 600
     batch_size: int = 256
     group_size: int = 8

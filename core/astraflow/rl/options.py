@@ -6,6 +6,7 @@ Backends extend this dataclass with their own fields, so the same override
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -17,10 +18,14 @@ class PolicyGradientOptions:
     ``m2po`` (bounds from the batch's second moment, ``m2po_tau``). ``kl_coef > 0`` keeps
     a frozen copy of the initial model as the KL reference. ``num_threads`` sets
     torch's intra-op threads (0 leaves torch's default).
+
+    ``lr_schedule`` is ``constant``, ``linear`` or ``cosine``: after ``warmup_steps`` of
+    linear warm-up the rate decays from ``lr`` to ``min_lr_ratio * lr`` at
+    ``total_steps`` (0: the run's ``steps``, filled in by the runtime).
     """
 
     name: str = ""
-    lr: float = 2e-4
+    lr: float = 3e-4
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
@@ -35,3 +40,28 @@ class PolicyGradientOptions:
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     num_threads: int = 0
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    total_steps: int = 0
+
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_at(options: PolicyGradientOptions, step: int) -> float:
+    """The learning rate of optimiser step ``step`` (0-based) under ``options``' schedule."""
+    if options.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"trainer.lr_schedule={options.lr_schedule!r}: choose one of "
+                         f"{list(LR_SCHEDULES)}")
+    if step < options.warmup_steps:
+        return options.lr * (step + 1) / options.warmup_steps
+    if options.lr_schedule == "constant" or options.total_steps <= options.warmup_steps:
+        return options.lr
+    progress = min(1.0, (step - options.warmup_steps)
+                   / (options.total_steps - options.warmup_steps))
+    if options.lr_schedule == "linear":
+        scale = 1.0 - progress
+    else:
+        scale = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return options.lr * (options.min_lr_ratio + (1.0 - options.min_lr_ratio) * scale)

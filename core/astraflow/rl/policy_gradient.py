@@ -20,6 +20,7 @@ import torch
 
 from astraflow.contracts import TrainerBackend
 from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
+from astraflow.rl.options import lr_at
 from astraflow.types import Batch, TrainItem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -37,6 +38,9 @@ def check_config(config: Any) -> None:
         raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
     if config.micro_batch_size < 1:
         raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
+    if not 0.0 <= config.min_lr_ratio <= 1.0:
+        raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
+    lr_at(config, 0)  # an unknown schedule is refused at start-up, not at the first step
 
 
 @dataclass
@@ -130,11 +134,15 @@ class PolicyGradientBackend(TrainerBackend):
             diff = (logp.detach() - micro.old_logp).abs() * micro.mask
             totals["logp_diff"] += float(diff.sum())
         grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+        lr = lr_at(cfg, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.step += 1
         metrics = {
             "loss": totals["loss"],
             "grad_norm": grad_norm,
+            "lr": lr,
             "clip_fraction": totals["clipped"] / num_tokens,
             "ratio_mean": totals["ratio"] / num_tokens,
             "entropy": totals["entropy"] / num_tokens,

@@ -221,6 +221,22 @@ class TrainerBackendContract:
         backend.train_step(with_behaviour_logprobs(backend, batch))
         assert _same(exported, snapshot), "export_weights must return a snapshot, not live views"
 
+    def test_learning_rate_follows_the_schedule(
+        self, backend_config: Any, tiny_model_dir: str, batch: Batch
+    ) -> None:
+        """Two warm-up steps up to ``lr``, then cosine decay towards ``0.1 * lr``."""
+        config = OmegaConf.merge(backend_config, {
+            "lr": 1e-3, "lr_schedule": "cosine", "warmup_steps": 2, "total_steps": 4,
+            "min_lr_ratio": 0.1})
+        backend = get_registry().get("trainer_backend", self.backend_name).create(
+            config, tiny_model_dir)
+        seen = []
+        for _ in range(4):
+            metrics = backend.train_step(with_behaviour_logprobs(backend, batch))
+            assert {g["lr"] for g in backend.optimizer.param_groups} == {metrics["lr"]}
+            seen.append(metrics["lr"])
+        assert seen == pytest.approx([5e-4, 1e-3, 1e-3, 5.5e-4])
+
     def test_checkpoint_resumes_bit_exactly(
         self, make_backend: MakeBackend, tiny_model_dir: str, tmp_path: Path
     ) -> None:
