@@ -271,6 +271,7 @@ class DataflowService:
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
+        self.store.flush()  # inline commits still queued on this loop
         await asyncio.to_thread(self.store.close)
 
     # ---- helpers ---------------------------------------------------------------------

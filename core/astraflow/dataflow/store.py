@@ -1,14 +1,22 @@
-"""The durable store: SQLite in WAL mode, written by one thread with group commit.
+"""The durable store: SQLite in WAL mode with group commit.
 
-Every mutation the service acknowledges is a job run by the writer thread; jobs that
-arrive together share one transaction (each in its own savepoint, so one failing job
-does not undo its neighbours), and a job's future resolves only after COMMIT. With
-WAL, a commit survives the process being killed (``synchronous=NORMAL``); ``FULL``
-also survives a power cut at the cost of an fsync per commit.
+Every mutation the service acknowledges is a job; jobs that arrive together share one
+transaction (each in its own savepoint, so one failing job does not undo its
+neighbours), and a job's future resolves only after COMMIT. With WAL, a commit
+survives the process being killed (``synchronous=NORMAL``); ``FULL`` also survives a
+power cut at the cost of an fsync per commit.
 
-The writer hands a transaction's outcomes back to the event loop in one callback: a
-cross-thread wake-up per commit, not per job, is what keeps the loop thread (the
-service's bottleneck) free for requests.
+Where the transactions run depends on that choice:
+
+* ``NORMAL`` (the default): on the event loop itself. Such a commit only hands pages
+  to the OS and never waits for the disk, so it is shorter than the thread hand-offs
+  it would otherwise need: the jobs that requests queue during one pass of the loop
+  are committed together in a callback scheduled for the end of that pass. Measured
+  on the ingest benchmark, this serves about a fifth more trajectories per second
+  than a writer thread, for less CPU each.
+* ``FULL``: on a writer thread, so that an fsync never stalls the requests in flight.
+  The writer hands a transaction's outcomes back to the event loop in one callback: a
+  cross-thread wake-up per commit, not per job.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ CREATE TABLE IF NOT EXISTS plugin_state(name TEXT PRIMARY KEY, state TEXT NOT NU
 
 #: WAL size beyond which the checkpointer may briefly block the writer to catch up
 WAL_LIMIT = 256 * 1024 * 1024
+#: jobs committed together at most
+_GROUP = 512
 #: items.state
 FRESH, SERVED, CONSUMED = 0, 1, 2
 
@@ -60,6 +70,9 @@ class Store:
     """One SQLite database per service, guarded by an exclusive lock on the directory."""
 
     def __init__(self, directory: Path, synchronous: str = "NORMAL") -> None:
+        #: commit on the event loop (see the module docstring) instead of a writer thread
+        self.inline = synchronous.upper() != "FULL"
+        self._pending: list[Entry] = []
         directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(directory / "dataflow.lock", "w")  # noqa: SIM115 (held for life)
         try:
@@ -84,8 +97,10 @@ class Store:
         self.wal_frames_pending = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dataflow-store", daemon=True)
-        self._thread.start()
+        if not self.inline:
+            self._thread = threading.Thread(target=self._run, name="dataflow-store",
+                                            daemon=True)
+            self._thread.start()
         self._checkpointer = threading.Thread(target=self._checkpoint, daemon=True,
                                               name="dataflow-checkpoint")
         self._checkpointer.start()
@@ -111,11 +126,22 @@ class Store:
             conn.close()
 
     async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``job`` in the writer's next transaction; return once it is committed."""
+        """Run ``job`` in the next transaction; return once it is committed."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((job, loop, future))
+        if self.inline:
+            if not self._pending:
+                loop.call_soon(self.flush)
+            self._pending.append((job, loop, future))
+        else:
+            self._queue.put((job, loop, future))
         return await future
+
+    def flush(self) -> None:
+        """Commit the jobs queued on the event loop (inline mode; a no-op otherwise)."""
+        while self._pending:
+            jobs, self._pending = self._pending[:_GROUP], self._pending[_GROUP:]
+            self._transaction(jobs)
 
     def close(self) -> None:
         """Finish queued jobs, then close the database and release the directory."""
@@ -138,7 +164,7 @@ class Store:
                 return
             jobs = [first]
             stop = False
-            while len(jobs) < 512:
+            while len(jobs) < _GROUP:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -171,6 +197,9 @@ class Store:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [(future, None, exc) for _job, _loop, future in jobs]
+        if self.inline:
+            _resolve(outcomes)
+            return
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for (_job, loop, _future), outcome in zip(jobs, outcomes, strict=True):
             by_loop.setdefault(loop, []).append(outcome)
