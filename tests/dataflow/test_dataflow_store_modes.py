@@ -1,0 +1,41 @@
+"""Both commit paths of the store: on the event loop (NORMAL) and on a writer thread (FULL).
+
+Jobs queued together share a transaction, yet a failing job undoes only itself, and
+whatever a job's future reported as committed is in the database after a reopen.
+"""
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from astraflow.dataflow.store import Store
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_a_failing_job_undoes_only_itself_and_acknowledged_jobs_persist(tmp_path, synchronous):
+    store = Store(tmp_path, synchronous)
+    assert store.inline == (synchronous == "NORMAL")
+
+    def insert(name: str, value: int):
+        def job(conn: sqlite3.Connection) -> int:
+            conn.execute("INSERT INTO counters(name, value) VALUES (?, ?)", (name, value))
+            if value < 0:
+                raise ValueError(f"{name} refused")
+            return value
+        return job
+
+    async def main() -> list:
+        store.start()
+        jobs = [store.run(insert(f"c{i}", -1 if i == 3 else i)) for i in range(8)]
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        await asyncio.to_thread(store.close)
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [o if isinstance(o, int) else str(o) for o in outcomes] == [
+        0, 1, 2, "c3 refused", 4, 5, 6, 7]
+    reopened = sqlite3.connect(tmp_path / "dataflow.sqlite3")
+    rows = dict(reopened.execute("SELECT name, value FROM counters").fetchall())
+    reopened.close()
+    assert rows == {f"c{i}": i for i in range(8) if i != 3}
