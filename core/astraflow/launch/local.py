@@ -26,10 +26,17 @@ from astraflow.security import TOKEN_ENV, resolve_token
 
 
 def check_selection(cfg: DictConfig) -> None:
-    """Fail fast, before any process starts, on an option that cannot run here."""
+    """Fail fast, before any process starts, on an option that cannot run here.
+
+    Loading imports each selected backend; one with a ``check_config`` static method
+    also judges its config (e.g. whether it must start a server this machine lacks).
+    """
     registry = get_registry()
-    registry.get("rollout_backend", cfg.raas.name).load()
-    registry.get("trainer_backend", cfg.trainer.name).load()
+    for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):
+        factory = registry.get(kind, conf.name).load()
+        check = getattr(factory, "check_config", None)
+        if callable(check):
+            check(conf)
 
 
 @dataclass

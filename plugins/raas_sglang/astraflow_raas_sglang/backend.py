@@ -1,15 +1,11 @@
 """The registered implementation of ``raas=sglang``.
 
-The launcher loads it before starting any process, so a machine without SGLang fails
-here, at once, with what to install where -- not minutes later inside a node.
+The launcher calls ``check_config`` before starting any process, so a machine that
+would have to start SGLang without having it fails there, at once, with what to
+install where -- not minutes later inside a node. Attaching to a server someone else
+runs (``raas.url``) needs only HTTP, so it works from any machine.
 """
 
-import importlib.util
-
 from astraflow_raas_sglang.engine import SGLangRolloutBackend
-from astraflow_raas_sglang.errors import INSTALL_HINT, SGLangUnavailableError
-
-if importlib.util.find_spec("sglang") is None:
-    raise SGLangUnavailableError(INSTALL_HINT)
 
 __all__ = ["SGLangRolloutBackend"]

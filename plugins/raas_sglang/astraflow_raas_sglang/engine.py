@@ -10,6 +10,7 @@ first, so no generation is cut short or mixes two weight versions.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import uuid
 from typing import Any
@@ -19,7 +20,7 @@ import httpx
 from astraflow.contracts import RolloutBackend
 from astraflow.errors import ConfigError
 from astraflow.types import Generation, GenerationRequest
-from astraflow_raas_sglang.errors import SGLangServerError
+from astraflow_raas_sglang.errors import INSTALL_HINT, SGLangServerError, SGLangUnavailableError
 from astraflow_raas_sglang.protocol import (
     PAUSE_MODES,
     generate_payload,
@@ -33,9 +34,7 @@ from astraflow_raas_sglang.server import ManagedServer
 class SGLangRolloutBackend(RolloutBackend):
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
-        if config.pause_mode not in PAUSE_MODES:
-            raise ConfigError(f"raas.pause_mode={config.pause_mode!r}: use one of "
-                              f"{', '.join(PAUSE_MODES)}")
+        self.check_config(config)
         self.server: ManagedServer | None = None
         self.url = ""
         self._http: httpx.AsyncClient | None = None
@@ -43,6 +42,20 @@ class SGLangRolloutBackend(RolloutBackend):
         self._idle = asyncio.Event()
         self._inflight = 0
         self._loaded: tuple[str, int] | None = None  # reapplied after a restart
+
+    @staticmethod
+    def check_config(config: Any) -> None:
+        """Refuse a config that cannot run on this machine, before anything starts.
+
+        Starting SGLang's own server needs SGLang here; attaching by ``url`` or starting
+        another ``server_module`` does not.
+        """
+        if config.pause_mode not in PAUSE_MODES:
+            raise ConfigError(f"raas.pause_mode={config.pause_mode!r}: use one of "
+                              f"{', '.join(PAUSE_MODES)}")
+        needs_sglang = not config.url and config.server_module.startswith("sglang.")
+        if needs_sglang and importlib.util.find_spec("sglang") is None:
+            raise SGLangUnavailableError(INSTALL_HINT)
 
     async def start(self) -> None:
         if self.config.url:

@@ -242,3 +242,16 @@ def test_selecting_sglang_without_it_fails_fast_with_install_advice(tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists(), "something started before the check"
     assert time.time() - started < 60
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
+                    reason="SGLang is installed here: every selection is allowed")
+def test_attaching_by_url_needs_no_local_sglang_but_starting_one_does():
+    from astraflow_raas_sglang.errors import SGLangUnavailableError
+
+    from astraflow.config import compose_config
+    from astraflow.launch.local import check_selection
+
+    check_selection(compose_config(["+raas=sglang", "raas.url=http://gpu-host:30000"]))
+    with pytest.raises(SGLangUnavailableError, match="needs SGLang"):
+        check_selection(compose_config(["+raas=sglang"]))
