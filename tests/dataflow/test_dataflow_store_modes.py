@@ -29,13 +29,19 @@ def test_a_failing_job_undoes_only_itself_and_acknowledged_jobs_persist(tmp_path
         store.start()
         jobs = [store.run(insert(f"c{i}", -1 if i == 3 else i)) for i in range(8)]
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        # one at a time too: a job alone in its transaction
+        for name, value in (("alone-bad", -1), ("alone-good", 9)):
+            try:
+                outcomes.append(await store.run(insert(name, value)))
+            except ValueError as exc:
+                outcomes.append(exc)
         await asyncio.to_thread(store.close)
         return outcomes
 
     outcomes = asyncio.run(main())
     assert [o if isinstance(o, int) else str(o) for o in outcomes] == [
-        0, 1, 2, "c3 refused", 4, 5, 6, 7]
+        0, 1, 2, "c3 refused", 4, 5, 6, 7, "alone-bad refused", 9]
     reopened = sqlite3.connect(tmp_path / "dataflow.sqlite3")
     rows = dict(reopened.execute("SELECT name, value FROM counters").fetchall())
     reopened.close()
-    assert rows == {f"c{i}": i for i in range(8) if i != 3}
+    assert rows == {**{f"c{i}": i for i in range(8) if i != 3}, "alone-good": 9}

@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS tasks(
 CREATE TABLE IF NOT EXISTS items(
     id INTEGER PRIMARY KEY, policy TEXT NOT NULL, task_id TEXT NOT NULL, group_id TEXT NOT NULL,
     state INTEGER NOT NULL, batch_id TEXT, min_version INTEGER NOT NULL, payload BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS items_batch ON items(batch_id);
+DROP INDEX IF EXISTS items_batch;
+CREATE INDEX IF NOT EXISTS items_served ON items(batch_id) WHERE batch_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS batches(
     batch_id TEXT PRIMARY KEY, policy TEXT NOT NULL, trainer_id TEXT NOT NULL,
     state TEXT NOT NULL, trainer_version INTEGER NOT NULL, replay TEXT NOT NULL,
@@ -182,17 +183,26 @@ class Store:
         outcomes: list[tuple[asyncio.Future, Any, BaseException | None]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for job, _loop, future in jobs:
-                conn.execute("SAVEPOINT job")
+            if len(jobs) == 1:  # alone, a failing job rolls back the whole transaction
+                (job, _loop, future), = jobs
                 try:
-                    result = job(conn)
+                    outcomes.append((future, job(conn), None))
                 except Exception as exc:
-                    conn.execute("ROLLBACK TO job")
+                    conn.execute("ROLLBACK")
                     outcomes.append((future, None, exc))
-                else:
-                    outcomes.append((future, result, None))
-                conn.execute("RELEASE job")
-            conn.execute("COMMIT")
+            else:
+                for job, _loop, future in jobs:
+                    conn.execute("SAVEPOINT job")
+                    try:
+                        result = job(conn)
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO job")
+                        outcomes.append((future, None, exc))
+                    else:
+                        outcomes.append((future, result, None))
+                    conn.execute("RELEASE job")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
