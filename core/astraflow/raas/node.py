@@ -78,7 +78,10 @@ class RaaSNode:
         self.options = options or NodeOptions()
         self.name = node_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.client = AsyncDataflowClient(url, token)
-        self.weights = WeightClient(url, token, os.path.join(work_dir, "weights"))
+        # one weights directory per node: nodes sharing a work dir must not resume each
+        # other's partial downloads or prune the version another node's engine is loading
+        self.weights = WeightClient(url, token, os.path.join(
+            work_dir, "weights", self.name.replace(os.sep, "_")))
         self.backends: dict[str, RolloutBackend] = {}
         self.node_id: str | None = None
         self.completed = 0
