@@ -38,3 +38,11 @@ def test_a_schedule_spans_the_run_unless_told_otherwise():
     assert trainer_settings(cfg, "policy").total_steps == 600
     cfg.trainer.total_steps = 50
     assert trainer_settings(cfg, "policy").total_steps == 50
+
+
+def test_the_launcher_refuses_an_unknown_schedule_before_starting_anything():
+    from astraflow.config import compose_config
+    from astraflow.launch.local import check_selection
+
+    with pytest.raises(ValueError, match="lr_schedule='cosnie'"):
+        check_selection(compose_config(["trainer.lr_schedule=cosnie"]))

@@ -15,7 +15,17 @@ class TrainerBackend(ABC):
     the same objective.
     """
 
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Raise on a config this backend cannot run here; nothing is started yet.
+
+        The launcher calls it before it starts any process, so a bad option or a
+        missing dependency fails at once instead of inside a child; ``__init__``
+        calls it too. The default accepts everything.
+        """
+
     def __init__(self, config: Any, model_path: str) -> None:
+        self.check_config(config)
         self.config = config
         self.model_path = model_path
 

@@ -28,8 +28,9 @@ from astraflow.security import TOKEN_ENV, resolve_token
 def check_selection(cfg: DictConfig) -> None:
     """Fail fast, before any process starts, on an option that cannot run here.
 
-    Loading imports each selected backend; one with a ``check_config`` static method
-    also judges its config (e.g. whether it must start a server this machine lacks).
+    Loading imports each selected backend; the backend contracts' ``check_config`` then
+    judges its config (e.g. whether it must start a server this machine lacks). A
+    registered factory that is not a contract class may omit it.
     """
     registry = get_registry()
     for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):

@@ -33,16 +33,6 @@ def dtype_of(name: str, field: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def check_config(config: Any) -> None:
-    if config.loss not in LOSSES:
-        raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
-    if config.micro_batch_size < 1:
-        raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
-    if not 0.0 <= config.min_lr_ratio <= 1.0:
-        raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
-    lr_at(config, 0)  # an unknown schedule is refused at start-up, not at the first step
-
-
 @dataclass
 class MicroBatch:
     tokens: torch.Tensor  # [b, T] right-padded ids
@@ -91,6 +81,18 @@ class PolicyGradientBackend(TrainerBackend):
     pad_token_id: int = 0
     device: torch.device | str | None = None
     step: int = 0
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        dtype_of(config.dtype, "dtype")
+        dtype_of(config.export_dtype, "export_dtype")
+        if config.loss not in LOSSES:
+            raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
+        if config.micro_batch_size < 1:
+            raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
+        if not 0.0 <= config.min_lr_ratio <= 1.0:
+            raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
+        lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
 
     def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
         """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""

@@ -34,7 +34,6 @@ from astraflow_raas_sglang.server import ManagedServer
 class SGLangRolloutBackend(RolloutBackend):
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
-        self.check_config(config)
         self.server: ManagedServer | None = None
         self.url = ""
         self._http: httpx.AsyncClient | None = None
@@ -43,13 +42,10 @@ class SGLangRolloutBackend(RolloutBackend):
         self._inflight = 0
         self._loaded: tuple[str, int] | None = None  # reapplied after a restart
 
-    @staticmethod
-    def check_config(config: Any) -> None:
-        """Refuse a config that cannot run on this machine, before anything starts.
-
-        Starting SGLang's own server needs SGLang here; attaching by ``url`` or starting
-        another ``server_module`` does not.
-        """
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Starting SGLang's own server needs SGLang here; attaching by ``url`` or
+        starting another ``server_module`` does not."""
         if config.pause_mode not in PAUSE_MODES:
             raise ConfigError(f"raas.pause_mode={config.pause_mode!r}: use one of "
                               f"{', '.join(PAUSE_MODES)}")

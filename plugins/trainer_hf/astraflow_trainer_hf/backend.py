@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from astraflow.rl.policy_gradient import PolicyGradientBackend, check_config, dtype_of
+from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 
 _MODEL_FILE = "model.safetensors"
 _OPTIMIZER_FILE = "optimizer.safetensors"
@@ -35,7 +35,6 @@ class HFTrainerBackend(PolicyGradientBackend):
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
-        check_config(config)
         self.dtype = dtype_of(config.dtype, "dtype")
         self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
         if config.num_threads > 0:

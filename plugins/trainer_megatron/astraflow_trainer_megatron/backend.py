@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from astraflow.rl.policy_gradient import PolicyGradientBackend, check_config, dtype_of
+from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 
 with warnings.catch_warnings():
     # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
@@ -109,7 +109,6 @@ class MegatronTrainerBackend(PolicyGradientBackend):
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
-        check_config(config)
         self.dtype = dtype_of(config.dtype, "dtype")
         self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
         if config.num_threads > 0:
