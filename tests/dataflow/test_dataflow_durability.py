@@ -82,6 +82,7 @@ def test_sigkill_and_restart_lose_and_double_count_nothing(tmp_path):
         assert st["tasks"]["completed"] == len(acknowledged)
         assert st["trajectories"]["accepted"] == len(accepted) == GROUP * len(acknowledged)
         assert st["trajectories"]["consumed"] == 8
+        assert st["trajectories"]["lost"] == 0  # every payload checked out after the kill
 
         # the unacknowledged batch comes back first, then everything else exactly once
         again = trainer.get_batch("policy", 8, timeout=10, trainer_id="t0")

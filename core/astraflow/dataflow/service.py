@@ -29,6 +29,7 @@ import msgpack
 
 from astraflow.contracts import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
 from astraflow.dataflow.autoscale import AutoscaleWindow
+from astraflow.dataflow.payloads import Location, PayloadCorrupt
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import CONSUMED, FRESH, SERVED, Store
 from astraflow.dataflow.wire import (
@@ -85,6 +86,8 @@ class ItemRec:
     task_id: str
     group_id: str
     min_version: int
+    #: where the payload lies in the payload log
+    loc: Location
 
 
 @dataclass
@@ -225,15 +228,17 @@ class DataflowService:
                 heapq.heappush(self.expiry, (rec.deadline, rec.task_id, rec.attempt))
         self.done = {r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE state = 'done'")}
         self.next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
+        self._load_payloads()
         served: dict[str, list[int]] = {}
-        for item_id, policy, task_id, group_id, state, batch_id, min_version in conn.execute(
-            "SELECT id, policy, task_id, group_id, state, batch_id, min_version FROM items "
-            "ORDER BY id"
+        for (item_id, policy, task_id, group_id, state, batch_id, min_version,
+             *loc) in conn.execute(
+            "SELECT id, policy, task_id, group_id, state, batch_id, min_version, "
+            "seg, off, len, crc FROM items ORDER BY id"
         ):
             self.next_item = item_id + 1
             if policy not in self.policies:
                 continue
-            rec = ItemRec(item_id, policy, task_id, group_id, min_version)
+            rec = ItemRec(item_id, policy, task_id, group_id, min_version, tuple(loc))
             if state == FRESH:
                 self.fresh[policy][item_id] = rec
             elif state == SERVED:
@@ -258,6 +263,59 @@ class DataflowService:
             if name in self.algorithms:
                 self.algorithms[name].load_state_dict(json.loads(state))
                 self._plugin_saved[name] = state
+
+    def _load_payloads(self) -> None:
+        """Move payloads of a store from before the payload log into it, count every
+        row's payload, and check them all if the previous process did not close the log.
+
+        After a SIGKILL every check passes. A payload that fails its checksum can only
+        be one a power cut took (``synchronous=NORMAL``): its row goes, counted as
+        ``lost``.
+        """
+        conn, log_ = self.store.conn, self.store.payloads
+        legacy = conn.execute("SELECT id, payload FROM items WHERE seg IS NULL").fetchall()
+        if legacy:
+            locs = log_.append([bytes(p) for _id, p in legacy])
+            log_.sync()
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(
+                    "UPDATE items SET payload = NULL, seg = ?, off = ?, len = ?, crc = ? "
+                    "WHERE id = ?",
+                    [(*loc, item_id) for (item_id, _p), loc in zip(legacy, locs, strict=True)],
+                )
+            log_.release(locs)
+            log.info("moved %d payloads from the database into the payload log", len(legacy))
+        referenced = {seg for (seg,) in conn.execute("SELECT DISTINCT seg FROM items")}
+        lost: Counter = Counter()
+        bad: list[int] = []
+        if log_.recovering or not referenced <= set(log_.segments_on_disk()):
+            for item_id, policy, *loc in conn.execute(
+                "SELECT id, policy, seg, off, len, crc FROM items ORDER BY seg, off"
+            ):
+                try:
+                    log_.read(tuple(loc))
+                except PayloadCorrupt:
+                    bad.append(item_id)
+                    lost[f"lost:{policy}"] += 1
+        if bad:
+            log.error("%d buffered trajectories were lost: their payloads did not reach the "
+                      "disk (a power cut under synchronous=NORMAL?)", len(bad))
+            with conn:
+                conn.execute("BEGIN")
+                conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                              (json.dumps(bad),))
+                _upsert_counters(conn, lost)
+            self.counters.update(lost)
+        log_.hold(conn.execute("SELECT seg, off, len, crc FROM items"))
+        log_.reclaim_unreferenced()
+
+    def _read_payloads(self, items: list[ItemRec]) -> dict[int, bytes]:
+        try:
+            read = self.store.payloads.read
+            return {item.id: read(item.loc) for item in items}
+        except PayloadCorrupt as exc:
+            raise ServiceError(500, f"the store is damaged: {exc}") from None
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -683,7 +741,7 @@ class DataflowService:
         deltas = Counter(tasks_completed=1)
         accepted = filtered = dropped = 0
         rows: list[tuple] = []
-        items: list[ItemRec] = []
+        payloads: list[bytes] = []
         for (group_id, policy), members in groups.items():
             rewards = [ct.reward for ct in members]
             deltas[f"produced:{policy}"] += len(members)
@@ -705,20 +763,22 @@ class DataflowService:
                     deltas[f"dropped_stale:{policy}"] += 1
                     dropped += 1
                     continue
-                item = ItemRec(self.next_item, policy, rec.task_id, group_id, ct.min_version)
+                rows.append((self.next_item, policy, rec.task_id, group_id, FRESH,
+                             ct.min_version))
                 self.next_item += 1
-                items.append(item)
-                rows.append((item.id, policy, rec.task_id, group_id, FRESH, ct.min_version,
-                             ct.payload(advantage, {**ct.metadata, **meta})))
+                payloads.append(ct.payload(advantage, {**ct.metadata, **meta}))
                 deltas[f"accepted:{policy}"] += 1
                 accepted += 1
         plugins = self._plugin_updates()
+        # the payloads are written before the rows that point at them are committed
+        locs = self.store.payloads.append(payloads) if payloads else []
+        items = [ItemRec(*row[:4], row[5], loc) for row, loc in zip(rows, locs, strict=True)]
 
         def job(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                "INSERT INTO items(id, policy, task_id, group_id, state, min_version, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                "INSERT INTO items(id, policy, task_id, group_id, state, min_version, "
+                "seg, off, len, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [row + loc for row, loc in zip(rows, locs, strict=True)],
             )
             conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (rec.task_id,))
             _upsert_counters(conn, deltas)
@@ -728,6 +788,7 @@ class DataflowService:
             await self.store.run(job)
         except Exception:
             rec.state = previous_state
+            self.store.payloads.release(locs)
             raise
         del self.tasks[rec.task_id]
         self.done.add(rec.task_id)
@@ -757,15 +818,6 @@ class DataflowService:
         return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
                                                   r.id)))
 
-    async def _payloads(self, ids: list[int]) -> dict[int, bytes]:
-        return await self.store.run(
-            lambda c: dict(
-                c.execute(
-                    "SELECT id, payload FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                    (json.dumps(ids),),
-                )
-            )
-        )
 
     async def _compose(self, policy: str, n: int) -> tuple[list[int], list[int]] | None:
         """(fresh ids, replayed ids) for a batch of ``n``, or None if not enough yet."""
@@ -779,7 +831,7 @@ class DataflowService:
             return None
         window = [r.id for r in itertools.islice(self._in_order(policy), max(4 * n, 256))]
         replay_ids = list(pool)
-        payloads = await self._payloads(window + replay_ids)
+        payloads = self._read_payloads([fresh[i] for i in window] + list(pool.values()))
         trajs: dict[int, Trajectory] = {}
         for item_id, raw in payloads.items():
             data = msgpack.unpackb(raw)
@@ -827,7 +879,9 @@ class DataflowService:
             await self._wait(arrival, remaining)
 
     async def _batch_payloads(self, rec: BatchRec) -> dict[int, bytes]:
-        return await self._payloads(rec.items + rec.replay)
+        pool = self.replayable[rec.policy]
+        return self._read_payloads([self.in_batches[i] for i in rec.items]
+                                   + [pool[i] for i in rec.replay if i in pool])
 
     async def _serve(self, policy: str, trainer_id: str, ids: list[int], replay: list[int]
                      ) -> tuple[BatchRec, dict[int, bytes]]:
@@ -838,7 +892,7 @@ class DataflowService:
         self.outstanding[(policy, trainer_id)] = rec
         self.batches[rec.batch_id] = rec
 
-        def job(conn: sqlite3.Connection) -> dict[int, bytes]:
+        def job(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO batches(batch_id, policy, trainer_id, state, trainer_version, "
                 "replay, created_at) VALUES (?, ?, ?, 'served', ?, ?, ?)",
@@ -850,15 +904,10 @@ class DataflowService:
                 "WHERE id IN (SELECT value FROM json_each(?))",
                 (SERVED, rec.batch_id, json.dumps(ids)),
             )
-            return dict(
-                conn.execute(
-                    "SELECT id, payload FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                    (json.dumps(ids + replay),),
-                )
-            )
 
         try:
-            payloads = await self.store.run(job)
+            payloads = self._read_payloads(taken + [self.replayable[policy][i] for i in replay])
+            await self.store.run(job)
         except Exception:
             del self.outstanding[(policy, trainer_id)], self.batches[rec.batch_id]
             for item in taken:
@@ -879,25 +928,27 @@ class DataflowService:
         deltas = Counter({f"consumed:{policy}": len(rec.items),
                           f"replayed:{policy}": len(rec.replay)})
         keep = self.sampler is not None
-        evict: list[int] = []
+        evict: list[ItemRec] = []
         trained = [self.in_batches.pop(item_id) for item_id in rec.items]
         if keep:
             # the replay pool holds only what may still be trained on: never a stale item
             pool = self.replayable[policy]
             for item in trained:
                 if self._stale(policy, item.min_version):
-                    evict.append(item.id)
+                    evict.append(item)
                 else:
                     pool[item.id] = item
             while len(pool) > self.settings.buffer_capacity:
-                evict.append(pool.popitem(last=False)[0])
+                evict.append(pool.popitem(last=False)[1])
+        else:
+            evict = trained
 
         def job(conn: sqlite3.Connection) -> None:
             if keep:
                 conn.execute("UPDATE items SET state = ?, batch_id = NULL WHERE batch_id = ?",
                              (CONSUMED, batch_id))
                 conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                             (json.dumps(evict),))
+                             (json.dumps([item.id for item in evict]),))
             else:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
@@ -906,6 +957,7 @@ class DataflowService:
         del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
         self.acked.add(batch_id)
         await self.store.run(job)
+        self.store.payloads.release(item.loc for item in evict)
         self.counters.update(deltas)
         self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
         self._pulse_changed()
@@ -944,15 +996,15 @@ class DataflowService:
         self.versions[policy] = version
         for algo in self.algorithms.values():
             algo.on_new_version(policy, version)
-        stale = [i for i, r in self.fresh[policy].items() if self._stale(policy, r.min_version)]
-        for item_id in stale:
-            del self.fresh[policy][item_id]
+        stale = [r for r in self.fresh[policy].values() if self._stale(policy, r.min_version)]
+        for item in stale:
+            del self.fresh[policy][item.id]
         deltas = Counter({f"dropped_stale:{policy}": len(stale)})
         # consumed items too old to be replayed go as well (trained on, so not counted)
         pool = self.replayable[policy]
-        too_old = [i for i, r in pool.items() if self._stale(policy, r.min_version)]
-        for item_id in too_old:
-            del pool[item_id]
+        too_old = [r for r in pool.values() if self._stale(policy, r.min_version)]
+        for item in too_old:
+            del pool[item.id]
         plugins = self._plugin_updates()
 
         def job(conn: sqlite3.Connection) -> None:
@@ -962,11 +1014,12 @@ class DataflowService:
                 (policy, version),
             )
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                         (json.dumps(stale + too_old),))
+                         (json.dumps([item.id for item in stale + too_old]),))
             _upsert_counters(conn, deltas)
             self._save_plugins(conn, plugins)
 
         await self.store.run(job)
+        self.store.payloads.release(item.loc for item in stale + too_old)
         self.counters.update(deltas)
         self._pulse_changed()
         return {"policy": policy, "version": version, "dropped_stale": len(stale)}
@@ -1014,7 +1067,7 @@ class DataflowService:
                 **{
                     name: c[f"{name}:{p}"]
                     for name in ("accepted", "filtered", "consumed", "dropped_stale",
-                                 "dropped_no_trainer", "replayed")
+                                 "dropped_no_trainer", "replayed", "lost")
                 },
             }
             for p, m in self.policies.items()
@@ -1041,9 +1094,10 @@ class DataflowService:
             "trajectories": {
                 name: sum(c[f"{name}:{p}"] for p in self.policies)
                 for name in ("accepted", "filtered", "consumed", "dropped_stale",
-                                 "dropped_no_trainer", "replayed")
+                                 "dropped_no_trainer", "replayed", "lost")
             },
-            "store": {"wal_frames_pending": self.store.wal_frames_pending},
+            "store": {"wal_frames_pending": self.store.wal_frames_pending,
+                      "payload_log": self.store.payloads.stats()},
         }
 
     def autoscale_report(self) -> dict[str, Any]:
@@ -1064,7 +1118,7 @@ class DataflowService:
         for policy, info in st["policies"].items():
             p = _label(policy)
             for event in ("accepted", "filtered", "consumed", "dropped_stale",
-                          "dropped_no_trainer", "replayed"):
+                          "dropped_no_trainer", "replayed", "lost"):
                 lines.append(
                     f'astraflow_trajectories_total{{policy="{p}",event="{event}"}} {info[event]}'
                 )

@@ -1,4 +1,7 @@
-"""The durable store: SQLite in WAL mode with group commit.
+"""The durable store: SQLite in WAL mode with group commit, plus the payload log.
+
+Trajectory payloads live in append-only segment files (:mod:`.payloads`); the
+database holds the ledger, including where each payload lies.
 
 Every mutation the service acknowledges is a job; jobs that arrive together share one
 transaction (each in its own savepoint, so one failing job does not undo its
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from astraflow.dataflow.payloads import PayloadLog
 from astraflow.errors import ConfigError
 
 T = TypeVar("T")
@@ -49,7 +53,8 @@ CREATE TABLE IF NOT EXISTS tasks(
     node_id TEXT, deadline REAL, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS items(
     id INTEGER PRIMARY KEY, policy TEXT NOT NULL, task_id TEXT NOT NULL, group_id TEXT NOT NULL,
-    state INTEGER NOT NULL, batch_id TEXT, min_version INTEGER NOT NULL, payload BLOB NOT NULL);
+    state INTEGER NOT NULL, batch_id TEXT, min_version INTEGER NOT NULL, payload BLOB,
+    seg INTEGER, off INTEGER, len INTEGER, crc INTEGER);
 DROP INDEX IF EXISTS items_batch;
 CREATE INDEX IF NOT EXISTS items_served ON items(batch_id) WHERE batch_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS batches(
@@ -89,7 +94,19 @@ class Store:
         self.conn.execute("PRAGMA cache_size=-65536")
         # checkpoints run on their own thread (see _checkpoint), never inside a commit
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        columns = {row[1] for row in self.conn.execute("PRAGMA table_info(items)")}
+        if columns and "seg" not in columns:
+            # a store from before the payload log: the service moves the payloads over
+            self.conn.executescript(
+                "BEGIN; ALTER TABLE items RENAME TO items_legacy;" + SCHEMA +
+                "INSERT INTO items(id, policy, task_id, group_id, state, batch_id, "
+                "min_version, payload) SELECT id, policy, task_id, group_id, state, batch_id, "
+                "min_version, payload FROM items_legacy; DROP TABLE items_legacy; COMMIT;"
+            )
         self.conn.executescript(SCHEMA)
+        self.payloads = PayloadLog(directory / "payloads")
+        #: payload bytes reach the disk before the commit that points at them
+        self._sync_payloads = not self.inline
         self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -156,6 +173,7 @@ class Store:
             self._checkpointer = None
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
+        self.payloads.close()
         self._lock_file.close()
 
     def _run(self) -> None:
@@ -202,6 +220,8 @@ class Store:
                         outcomes.append((future, result, None))
                     conn.execute("RELEASE job")
             if conn.in_transaction:
+                if self._sync_payloads:
+                    self.payloads.sync()
                 conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
