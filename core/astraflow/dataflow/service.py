@@ -31,7 +31,7 @@ from astraflow.contracts import BatchSampler, DataAlgorithm, TaskSelector, Traje
 from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.payloads import Location, PayloadCorrupt
 from astraflow.dataflow.settings import DataflowSettings
-from astraflow.dataflow.store import CONSUMED, FRESH, SERVED, Store
+from astraflow.dataflow.store import CONSUMED, FRESH, SERVED, Store, add_counters
 from astraflow.dataflow.wire import (
     CheckedTrajectory,
     LeaseIn,
@@ -126,12 +126,7 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _upsert_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
-    conn.executemany(
-        "INSERT INTO counters(name, value) VALUES (?, ?) "
-        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-        [(k, v) for k, v in deltas.items() if v],
-    )
+
 
 
 class DataflowService:
@@ -181,6 +176,8 @@ class DataflowService:
         self.outstanding: dict[tuple[str, str], BatchRec] = {}
         self.batches: dict[str, BatchRec] = {}
         self.acked: set[str] = set()
+        #: accepted items per policy whose commit is under way (not yet in ``fresh``)
+        self._committing: Counter = Counter()
         self.next_item = 1
         self.next_seq = 1
         self.epoch = 0
@@ -305,7 +302,7 @@ class DataflowService:
                 conn.execute("BEGIN")
                 conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
                               (json.dumps(bad),))
-                _upsert_counters(conn, lost)
+                add_counters(conn, lost)
             self.counters.update(lost)
         log_.hold(conn.execute("SELECT seg, off, len, crc FROM items"))
         log_.reclaim_unreferenced()
@@ -448,7 +445,7 @@ class DataflowService:
 
         def job(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE nodes SET state = ? WHERE node_id = ?", (state, node.node_id))
-            _upsert_counters(conn, deltas)
+            add_counters(conn, deltas)
 
         await self.store.run(job)
         self.counters.update(deltas)
@@ -526,7 +523,7 @@ class DataflowService:
             per_task = self._samples_per_task(policy)
             if per_task <= 0:
                 continue
-            queued = len(self.fresh[policy]) + in_flight * per_task
+            queued = len(self.fresh[policy]) + self._committing[policy] + in_flight * per_task
             lag = max(0, self.versions[policy] - held.get(policy, self.versions[policy]))
             room_stale = (max_staleness - lag + 1) * s.batch_size - queued
             room_cap = s.buffer_capacity - queued
@@ -618,10 +615,9 @@ class DataflowService:
                 conn.execute(
                     "INSERT OR REPLACE INTO meta(key, value) VALUES ('cursor', ?)", (cursor,)
                 )
-                _upsert_counters(conn, deltas + skipped)
                 self._save_plugins(conn, plugins)
 
-            await self.store.run(job)
+            await self.store.run(job, deltas + skipped)
             self.counters.update(deltas)
         leases = [
             {
@@ -660,7 +656,7 @@ class DataflowService:
                 "VALUES (?, ?, 'pending', 0, ?)",
                 rows,
             )
-            _upsert_counters(conn, deltas)
+            add_counters(conn, deltas)
 
         for rec in fresh:
             self.tasks[rec.task_id] = rec
@@ -692,7 +688,38 @@ class DataflowService:
         return rec
 
     async def submit(self, req: SubmitIn) -> dict[str, Any]:
-        """Accept every policy's trajectories of one leased task, exactly once."""
+        """Accept every policy's trajectories of one leased task, exactly once; then,
+        if asked, lease the node more tasks (one round trip per task for a busy node).
+
+        The leases never fail an accepted submission: a node the service no longer
+        knows gets none, and a reason, and registers again on its next lease call.
+        """
+        if req.lease is None:
+            return await self._accept(req)
+        if req.node_id is None:
+            raise ServiceError(422, "lease: leasing more tasks needs the node_id")
+        # both run up to their commit in this pass of the loop, so they share one
+        # transaction; the lease looks first whether the submission was refused
+        accept = asyncio.ensure_future(self._accept(req))
+        more = asyncio.ensure_future(self._lease_after(accept, LeaseIn(
+            node_id=req.node_id, max_tasks=req.lease.max_tasks, versions=req.lease.versions)))
+        try:
+            out = await accept
+        finally:
+            leases = await more
+        return {**out, **leases}
+
+    async def _lease_after(self, accept: asyncio.Future, req: LeaseIn) -> dict[str, Any]:
+        if accept.done() and (accept.cancelled() or accept.exception() is not None):
+            return {}
+        try:
+            return await self.lease(req)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
+            return {"leases": [], "backpressure": {"*": str(exc)}}
+
+    async def _accept(self, req: SubmitIn) -> dict[str, Any]:
         checked = check_trajectories(req.trajectories)
         rec = self._lease_task(req.lease_id)
         if rec is None:
@@ -781,15 +808,18 @@ class DataflowService:
                 [row + loc for row, loc in zip(rows, locs, strict=True)],
             )
             conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (rec.task_id,))
-            _upsert_counters(conn, deltas)
             self._save_plugins(conn, plugins)
 
+        committing = Counter(item.policy for item in items)
+        self._committing.update(committing)  # admission control counts them meanwhile
         try:
-            await self.store.run(job)
+            await self.store.run(job, deltas)
         except Exception:
             rec.state = previous_state
             self.store.payloads.release(locs)
             raise
+        finally:
+            self._committing.subtract(committing)
         del self.tasks[rec.task_id]
         self.done.add(rec.task_id)
         self.counters.update(deltas)
@@ -952,7 +982,7 @@ class DataflowService:
             else:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
-            _upsert_counters(conn, deltas)
+            add_counters(conn, deltas)
 
         del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
         self.acked.add(batch_id)
@@ -1015,7 +1045,7 @@ class DataflowService:
             )
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
                          (json.dumps([item.id for item in stale + too_old]),))
-            _upsert_counters(conn, deltas)
+            add_counters(conn, deltas)
             self._save_plugins(conn, plugins)
 
         await self.store.run(job)

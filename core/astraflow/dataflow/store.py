@@ -29,6 +29,7 @@ import fcntl
 import queue
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,8 +39,8 @@ from astraflow.errors import ConfigError
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], Any]
-#: a queued job and the event-loop future its outcome resolves
-Entry = tuple[Job, asyncio.AbstractEventLoop, asyncio.Future]
+#: a queued job, the event-loop future its outcome resolves, and its counter increments
+Entry = tuple[Job, asyncio.AbstractEventLoop, asyncio.Future, Counter | None]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -143,16 +144,21 @@ class Store:
         finally:
             conn.close()
 
-    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``job`` in the next transaction; return once it is committed."""
+    async def run(self, job: Callable[[sqlite3.Connection], T],
+                  counters: Counter | None = None) -> T:
+        """Run ``job`` in the next transaction; return once it is committed.
+
+        ``counters`` are added to the counters table if the job succeeds, summed with
+        those of the transaction's other jobs: one statement per name, not per job.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self.inline:
             if not self._pending:
                 loop.call_soon(self.flush)
-            self._pending.append((job, loop, future))
+            self._pending.append((job, loop, future, counters))
         else:
-            self._queue.put((job, loop, future))
+            self._queue.put((job, loop, future, counters))
         return await future
 
     def flush(self) -> None:
@@ -199,17 +205,19 @@ class Store:
     def _transaction(self, jobs: list[Entry]) -> None:
         conn = self.conn
         outcomes: list[tuple[asyncio.Future, Any, BaseException | None]] = []
+        counts: Counter = Counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             if len(jobs) == 1:  # alone, a failing job rolls back the whole transaction
-                (job, _loop, future), = jobs
+                (job, _loop, future, counters), = jobs
                 try:
                     outcomes.append((future, job(conn), None))
+                    counts.update(counters or ())
                 except Exception as exc:
                     conn.execute("ROLLBACK")
                     outcomes.append((future, None, exc))
             else:
-                for job, _loop, future in jobs:
+                for job, _loop, future, counters in jobs:
                     conn.execute("SAVEPOINT job")
                     try:
                         result = job(conn)
@@ -218,26 +226,37 @@ class Store:
                         outcomes.append((future, None, exc))
                     else:
                         outcomes.append((future, result, None))
+                        counts.update(counters or ())
                     conn.execute("RELEASE job")
             if conn.in_transaction:
+                add_counters(conn, counts)
                 if self._sync_payloads:
                     self.payloads.sync()
                 conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            outcomes = [(future, None, exc) for _job, _loop, future in jobs]
+            outcomes = [(future, None, exc) for _job, _loop, future, _counters in jobs]
         if self.inline:
             _resolve(outcomes)
             return
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for (_job, loop, _future), outcome in zip(jobs, outcomes, strict=True):
+        for (_job, loop, _future, _counters), outcome in zip(jobs, outcomes, strict=True):
             by_loop.setdefault(loop, []).append(outcome)
         for loop, resolved in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_resolve, resolved)
             except RuntimeError:  # that loop is closed: nobody is waiting any more
                 continue
+
+
+def add_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
+    """Add ``deltas`` to the counters table (names with a zero delta are skipped)."""
+    conn.executemany(
+        "INSERT INTO counters(name, value) VALUES (?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+        [(k, v) for k, v in deltas.items() if v],
+    )
 
 
 def _resolve(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
