@@ -4,7 +4,7 @@ Starts ``astraflow dataflow`` (a real uvicorn process over a real SQLite store),
 runs several client processes, each with several concurrent requests:
 
 * ingest -- RaaS-node loop: lease tasks, submit groups of 1k-token trajectories
-  (msgpack, acknowledged only once committed);
+  (msgpack, acknowledged only once committed), each submission leasing the next task;
 * echo   -- the same submission bodies posted to ``/v1/echo`` (auth + body read on the
   same stack, no decoding, no store): the ceiling ingest is measured against;
 * serve  -- trainers (distinct trainer ids) pulling batches and acknowledging them.
@@ -84,6 +84,7 @@ async def _ingest_worker(url: str, seconds: float, concurrency: int, group_size:
 
         async def loop() -> None:
             nonlocal done
+            leases: list = []
             while time.monotonic() < stop:
                 if echo:
                     body = msgpack.packb({"lease_id": "x|1", "node_id": node,
@@ -91,10 +92,15 @@ async def _ingest_worker(url: str, seconds: float, concurrency: int, group_size:
                     (await http.post("/v1/echo", content=body)).raise_for_status()
                     done += group_size
                     continue
-                for lease in await client.lease_tasks(max_tasks=8, wait=1.0):
-                    trajs = [{**t, "task_id": lease.task.task_id} for t in group]
-                    out = await client.submit(lease, trajs)
-                    done += out["accepted"]
+                if not leases:
+                    leases.extend(await client.lease_tasks(max_tasks=8, wait=1.0))
+                    continue
+                lease = leases.pop()
+                trajs = [{**t, "task_id": lease.task.task_id} for t in group]
+                # as a RaaS node does: the submission leases the task that takes its slot
+                out = await client.submit(lease, trajs, lease_more=1)
+                leases.extend(out["leases"])
+                done += out["accepted"]
 
         await asyncio.gather(*(loop() for _ in range(concurrency)))
         elapsed = time.monotonic() - start

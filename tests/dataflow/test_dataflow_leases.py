@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from dataflow_helpers import group, wait_until
 
+from astraflow.dataflow.client import DataflowError
 from astraflow.types import Task
 
 
@@ -124,3 +126,35 @@ def test_posted_tasks_and_long_poll_for_work(start_server, connect):
     leases = c.lease_tasks(max_tasks=5, wait=1)
     assert [lease.task.task_id for lease in leases] == ["t1", "t2"]
     assert c.status()["tasks"]["posted"] == 2
+
+
+def test_a_submission_can_lease_the_next_tasks_in_the_same_round_trip(start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, group_size=2)
+    node = connect(server)
+    node.register("raas")
+    (first,) = node.lease_tasks(max_tasks=1)
+    out = node.submit(first, group(first.task.task_id, [0.0, 1.0]), lease_more=2)
+    assert out["status"] == "accepted" and len(out["leases"]) == 2
+    nxt = out["leases"][0]
+    assert nxt.task.task_id != first.task.task_id
+    assert node.submit(nxt, group(nxt.task.task_id, [1.0, 0.0]))["status"] == "accepted"
+    st = node.status()["tasks"]
+    assert (st["leased"], st["completed"], st["in_flight"]) == (3, 2, 1)
+
+    # a refused submission leases nothing
+    (bad,) = node.lease_tasks(max_tasks=1)
+    with pytest.raises(DataflowError, match="task_id"):
+        node.submit(bad, group("another-task", [0.0, 1.0]), lease_more=4)
+    assert node.status()["tasks"]["leased"] == 4
+    # a duplicate still gets work: the node is idle otherwise
+    again = node.submit(first, group(first.task.task_id, [0.0, 1.0]), lease_more=1)
+    assert again["status"] == "duplicate" and len(again["leases"]) == 1
+
+    # leasing needs to know for whom
+    with pytest.raises(DataflowError, match="node_id"):
+        connect(server).submit(bad, group(bad.task.task_id, [0.0, 1.0]), lease_more=1)
+    # a node the service retired meanwhile keeps its accepted submission, gets no lease
+    node.leave()
+    gone = node.submit(bad, group(bad.task.task_id, [0.0, 1.0]), lease_more=1)
+    assert gone["status"] == "accepted" and gone["leases"] == []
+    assert "register" in next(iter(gone["backpressure"].values()))

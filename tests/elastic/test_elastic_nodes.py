@@ -52,11 +52,15 @@ def held_by_node(run_dir: Path) -> dict[str, int]:
     """Trajectories accepted but not yet trained when the run ended, per node."""
     import sqlite3
 
+    from astraflow.dataflow.payloads import PayloadLog
+
+    log = PayloadLog(run_dir / "store" / "payloads")
     with sqlite3.connect(run_dir / "store" / "dataflow.sqlite3") as conn:
         held: dict[str, int] = {}
-        for (payload,) in conn.execute("SELECT payload FROM items"):
-            node = msgpack.unpackb(payload)["metadata"]["node_id"]
+        for loc in conn.execute("SELECT seg, off, len, crc FROM items"):
+            node = msgpack.unpackb(log.read(loc))["metadata"]["node_id"]
             held[node] = held.get(node, 0) + 1
+    log.close()
     return held
 
 

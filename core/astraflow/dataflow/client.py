@@ -158,16 +158,31 @@ class _Api:
                               parse=leases))
 
     def submit(self, lease: Lease | str, trajectories: Sequence[Trajectory | dict[str, Any]],
-               node_id: str | None = None) -> Any:
+               node_id: str | None = None, lease_more: int = 0,
+               versions: dict[str, int] | None = None) -> Any:
         """Submit all trajectories of a leased task; ``status`` is accepted or duplicate.
 
-        Dicts are taken as already in wire form (see ``wire.pack_trajectory``).
+        Dicts are taken as already in wire form (see ``wire.pack_trajectory``). With
+        ``lease_more`` the same round trip leases up to that many more tasks (without
+        waiting), returned as ``leases`` (list of :class:`Lease`), like
+        :meth:`lease_tasks` with the weight ``versions`` the node holds.
         """
-        body = {"lease_id": lease if isinstance(lease, str) else lease.lease_id,
-                "node_id": node_id or self.node_id,
-                "trajectories": [t if isinstance(t, dict) else pack_trajectory(t)
-                                 for t in trajectories]}
-        return self._do(_Call("POST", "/v1/trajectories", body))
+        body: dict[str, Any] = {
+            "lease_id": lease if isinstance(lease, str) else lease.lease_id,
+            "node_id": node_id or self.node_id,
+            "trajectories": [t if isinstance(t, dict) else pack_trajectory(t)
+                             for t in trajectories],
+        }
+        if lease_more:
+            body["lease"] = {"max_tasks": lease_more, "versions": versions or {}}
+
+        def parse(data: dict[str, Any]) -> dict[str, Any]:
+            if "leases" in data:
+                self.backpressure = data.get("backpressure", {})
+                data["leases"] = [Lease.from_wire(x) for x in data["leases"]]
+            return data
+
+        return self._do(_Call("POST", "/v1/trajectories", body, parse=parse))
 
     def post_tasks(self, tasks: Sequence[Task]) -> Any:
         """Queue extra tasks (idempotent by task id)."""

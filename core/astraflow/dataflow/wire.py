@@ -109,10 +109,20 @@ class TrajectoryIn(_Model):
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+class MoreLeases(_Model):
+    """Tasks to lease in the same round trip as a submission (never waits)."""
+
+    max_tasks: int = Field(default=1, ge=1, le=1024)
+    #: weight version the node holds per policy (admission control); default: latest
+    versions: dict[Name, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+
+
 class SubmitIn(_Model):
     lease_id: Name
     node_id: NodeId | None = None
     trajectories: list[TrajectoryIn] = Field(min_length=1, max_length=65_536)
+    #: lease more tasks for ``node_id`` once the trajectories are accepted
+    lease: MoreLeases | None = None
 
 
 class BatchIn(_Model):

@@ -135,7 +135,9 @@ class RaaSNode:
         return {role: EnginePolicy(policy, self.backends[policy], defaults)
                 for role, policy in self.roles.items()}
 
-    async def _run_lease(self, lease: Any) -> None:
+    async def _run_lease(self, lease: Any, more: bool = False) -> list[Any]:
+        """Roll the lease's task out and submit it; with ``more``, the submission also
+        leases the task that takes its slot (returned), saving a round trip."""
         task = lease.task
         task.metadata["group_id"] = lease.lease_id
         started = time.time()
@@ -147,8 +149,11 @@ class RaaSNode:
             traj.metadata.update(node=self.name, pool=self.options.pool,
                                  region=self.options.region, started_at=started,
                                  finished_at=time.time())
-        await self.client.submit(lease, trajectories)
+        versions = {p: b.version for p, b in self.backends.items()}
+        out = await self.client.submit(lease, trajectories, lease_more=int(more),
+                                       versions=versions)
         self.completed += 1
+        return out.get("leases", [])
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -186,13 +191,18 @@ class RaaSNode:
             versions = {p: b.version for p, b in self.backends.items()}
             leases = await self._lease(free, versions) if free else []
             for lease in leases:
-                running.add(asyncio.create_task(self._run_lease(lease)))
+                running.add(asyncio.create_task(self._run_lease(lease, more=True)))
             if not running:
                 await _wait(stop, 0.2)
                 continue
             done, running = await asyncio.wait(running, timeout=0.5,
                                                return_when=asyncio.FIRST_COMPLETED)
             _report(done)
+            for finished in done:  # the leases that came back with the submissions
+                if finished.exception() is None:
+                    for lease in finished.result():
+                        running.add(asyncio.create_task(
+                            self._run_lease(lease, more=not stop.is_set())))
         if running:  # a leaving node finishes what it leased
             _report((await asyncio.wait(running))[0])
 
