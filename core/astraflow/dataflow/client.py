@@ -70,7 +70,9 @@ class _Api:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retry_for = retry_for
-        self.headers = {"Authorization": f"Bearer {token}", "Accept": MSGPACK}
+        #: every body is msgpack: one default header, not one merged into each request
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": MSGPACK,
+                        "Content-Type": MSGPACK}
         self.node_id: str | None = None
         self.backpressure: dict[str, str] = {}
         self._registration: dict[str, Any] | None = None
@@ -97,7 +99,12 @@ class _Api:
     def _content(self, call: _Call) -> dict[str, Any]:
         if call.body is None:
             return {}
-        return {"content": msgpack.packb(call.body), "headers": {"Content-Type": MSGPACK}}
+        return {"content": msgpack.packb(call.body)}
+
+    @staticmethod
+    def _timeout(call: _Call) -> dict[str, Any]:
+        """The call's own timeout; none given, the client's default applies."""
+        return {} if call.timeout is None else {"timeout": call.timeout}
 
     def _node(self, node_id: str | None) -> str:
         node = node_id or self.node_id
@@ -237,8 +244,8 @@ class DataflowClient(_Api):
         attempt = 0
         while True:
             try:
-                resp = self._http.request(call.method, call.path, timeout=call.timeout or
-                                          self.timeout, **self._content(call))
+                resp = self._http.request(call.method, call.path,
+                                          **self._timeout(call), **self._content(call))
             except httpx.TransportError as exc:
                 error: Exception = exc
             else:
@@ -282,8 +289,8 @@ class AsyncDataflowClient(_Api):
         attempt = 0
         while True:
             try:
-                resp = await self._http.request(call.method, call.path, timeout=call.timeout or
-                                                self.timeout, **self._content(call))
+                resp = await self._http.request(call.method, call.path,
+                                                **self._timeout(call), **self._content(call))
             except httpx.TransportError as exc:
                 error: Exception = exc
             else:
