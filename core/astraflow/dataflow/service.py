@@ -23,7 +23,7 @@ import uuid
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -79,8 +79,10 @@ class TaskRec:
     seq: int
 
 
-@dataclass(slots=True)
-class ItemRec:
+class ItemRec(NamedTuple):
+    """A buffered trajectory. Immutable, and a tuple of plain values: the garbage
+    collector stops tracking it, so a buffer of 100k items costs its passes nothing."""
+
     id: int
     policy: str
     task_id: str
