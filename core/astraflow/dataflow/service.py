@@ -564,7 +564,8 @@ class DataflowService:
             task_id = f"{task.task_id}#{epoch}"
             while task_id in self.tasks or task_id in self.done:
                 task_id += "+"
-            issued = dataclasses.asdict(task)
+            # shallow: asdict's deep copy was a visible share of every lease
+            issued = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
             issued["task_id"] = task_id
             issued["metadata"] = {**task.metadata, "source_task_id": task.task_id, "epoch": epoch}
             rec = TaskRec(task_id, issued, "pending", 0, None, None, self.next_seq)
