@@ -156,3 +156,10 @@ def test_a_store_from_before_the_payload_log_keeps_its_buffer(start_server, conn
     assert all(len(i.trajectory.tokens) == 3 + 512 for i in batch.items)
     trainer.ack_batch(batch.batch_id)
     assert trainer.status()["store"]["payload_log"]["segments"] == 1
+
+
+def test_a_submission_of_more_payloads_than_one_writev_takes_is_written_whole(tmp_path):
+    log = PayloadLog(tmp_path)
+    payloads = [bytes([i % 251]) * (i % 7 + 1) for i in range(3000)]
+    locations = log.append(payloads)
+    assert [log.read(loc) for loc in locations] == payloads
