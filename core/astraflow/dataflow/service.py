@@ -447,9 +447,8 @@ class DataflowService:
 
         def job(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE nodes SET state = ? WHERE node_id = ?", (state, node.node_id))
-            add_counters(conn, deltas)
 
-        await self.store.run(job)
+        await self.store.run(job, deltas)
         self.counters.update(deltas)
         self._pulse_changed()
 
@@ -659,12 +658,11 @@ class DataflowService:
                 "VALUES (?, ?, 'pending', 0, ?)",
                 rows,
             )
-            add_counters(conn, deltas)
 
         for rec in fresh:
             self.tasks[rec.task_id] = rec
         try:
-            await self.store.run(job)
+            await self.store.run(job, deltas)
         except Exception:
             for rec in fresh:
                 del self.tasks[rec.task_id]
@@ -985,11 +983,10 @@ class DataflowService:
             else:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
-            add_counters(conn, deltas)
 
         del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
         self.acked.add(batch_id)
-        await self.store.run(job)
+        await self.store.run(job, deltas)
         self.store.payloads.release(item.loc for item in evict)
         self.counters.update(deltas)
         self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
@@ -1048,10 +1045,9 @@ class DataflowService:
             )
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
                          (json.dumps([item.id for item in stale + too_old]),))
-            add_counters(conn, deltas)
             self._save_plugins(conn, plugins)
 
-        await self.store.run(job)
+        await self.store.run(job, deltas)
         self.store.payloads.release(item.loc for item in stale + too_old)
         self.counters.update(deltas)
         self._pulse_changed()
