@@ -46,10 +46,29 @@ def test_node_follows_a_delta_chain_across_versions(server, tmp_path):
     server.wrapper.log.clear()
     version, path = client.sync("solver")
     fetched = [p.rsplit("/", 1)[-1] for p, status, _ in server.wrapper.log if "/files/" in p]
-    assert version == 5 and fetched == [delta_name(v) for v in range(1, 5)]
+    # the chain's deltas, each once (fetched concurrently, so in any order)
+    assert version == 5 and sorted(fetched) == sorted(delta_name(v) for v in range(1, 5))
     assert same(st.load(path / MODEL_FILE)[0], models[-1])
     assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith("v")) == ["v5"]
     client.close()
+
+
+def test_a_node_polling_for_newer_weights_costs_one_request_when_nothing_is_new(server,
+                                                                                tmp_path):
+    publisher = WeightPublisher(server.store, "p", full_every=100)
+    publisher.publish(1, make_model())
+    with WeightClient(server.url, TOKEN, tmp_path / "node") as client:
+        server.wrapper.log.clear()
+        # a node already at version 1 (say, the initial weights) downloads nothing
+        assert client.newer("p", 1) is None
+        assert [p for p, _, _ in server.wrapper.log] == ["/v1/weights/p/plan"]
+        assert not (tmp_path / "node" / "p").exists() or not any(
+            q.name.startswith("v") for q in (tmp_path / "node" / "p").iterdir())
+        publisher.publish(2, step(make_model(), 2))
+        version, path = client.newer("p", 1)
+        assert version == 2 and (path / MODEL_FILE).is_file()
+        server.wrapper.log.clear()
+        assert client.newer("p", 2) is None and len(server.wrapper.log) == 1
 
 
 def test_broken_chain_falls_back_to_full(server, tmp_path):

@@ -115,13 +115,14 @@ class RaaSNode:
         """Load every policy's newest weights that this node does not have yet."""
         async with self._refresh_lock:
             for policy, backend in self.backends.items():
-                latest = await asyncio.to_thread(self.weights.latest, policy)
-                while latest is None and wait_for_first:
+                while wait_for_first and await asyncio.to_thread(self.weights.latest,
+                                                                 policy) is None:
                     await asyncio.sleep(self.options.refresh_interval)
-                    latest = await asyncio.to_thread(self.weights.latest, policy)
-                if latest is None or latest <= backend.version:
+                # one request when nothing is new; a chain of deltas downloads at once
+                synced = await asyncio.to_thread(self.weights.newer, policy, backend.version)
+                if synced is None:
                     continue
-                version, path = await asyncio.to_thread(self.weights.sync, policy, latest)
+                version, path = synced
                 await backend.pause()
                 try:
                     await backend.load_weights(str(path), version)
