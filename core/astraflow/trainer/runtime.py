@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,9 @@ class TrainerRuntime:
             produced = self.client.status()["policies"][self.policy]
             rewards = [item.trajectory.reward for item in batch.items]
             staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
+            # which rollout pools fed this step (heterogeneous and remote pools show here)
+            pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
+                            for item in batch.items)
             self._log({
                 **{f"train/{k}": float(v) for k, v in metrics.items()},
                 "kind": "train", "policy": self.policy, "step": self.step,
@@ -146,6 +150,7 @@ class TrainerRuntime:
                 "checkpoint_seconds": t2 - t_published,
                 # every rollout this policy's nodes produced so far, kept or not
                 "generated": sum(produced[k] for k in GENERATED),
+                **{f"pool/{name}": n for name, n in sorted(pools.items())},
             })
             t0 = time.time()
         final = self.work_dir / "final" / self.policy
