@@ -42,8 +42,8 @@ FORMAT = 2
 # high byte planes of the XORs; then a crc32 of the header and payload
 _HEADER = struct.Struct("<4sB3xQQQQQQQ")
 _CRC = struct.Struct("<I")
-#: bytes per u64 word block of the scan, the unit in which tensors are split for it
-_BLOCK_BYTES = 8 * 64
+#: bytes per block of the scan (64 lanes), the unit in which tensors are split for it
+_BLOCK_BYTES = 2 * 64
 #: changes the encoder collects before handing them to zstd (7 bytes each): memory stays
 #: bounded whatever the density, and the Python work per round does not show
 _SCRATCH = 1 << 20
@@ -72,13 +72,12 @@ def _lanes(raw: np.ndarray) -> np.ndarray:
 
 
 def _blocks(raw: np.ndarray) -> list[tuple[np.ndarray, int]]:
-    """(u64 words one scan block per row, first lane): the whole blocks in place, then
-    the rest zero-padded to one block (zeros on both sides never count as changes)."""
+    """(u16 lanes in whole scan blocks, first lane): the whole blocks in place, then the
+    rest zero-padded to one block (zeros on both sides never count as changes)."""
     full = raw.size // _BLOCK_BYTES * _BLOCK_BYTES
     rest = np.zeros(_BLOCK_BYTES if full < raw.size else 0, dtype=np.uint8)
     rest[: raw.size - full] = raw[full:]
-    return [(raw[:full].view(np.uint64).reshape(-1, _BLOCK_BYTES // 8), 0),
-            (rest.view(np.uint64).reshape(-1, _BLOCK_BYTES // 8), full // 2)]
+    return [(raw[:full].view(np.uint16), 0), (rest.view(np.uint16), full // 2)]
 
 
 def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
@@ -102,9 +101,9 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     last = -1
     for (a, lane_base), (b, _) in zip(_blocks(_raw_bytes(old)), _blocks(_raw_bytes(new)),
                                       strict=True):
-        row = 0
-        while row < a.shape[0]:
-            row, k, e, last = kernels.scan(a, b, row, lane_base, last, spare, *scratch)
+        block, n_blocks = 0, a.size // kernels.BLOCK_LANES
+        while block < n_blocks:
+            block, k, e, last = kernels.scan(a, b, block, lane_base, last, spare, *scratch)
             for chunk, stream, data, size in zip(chunks, streams, scratch, (k, e, k, k),
                                                  strict=True):
                 if size:
