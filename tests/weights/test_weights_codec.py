@@ -98,8 +98,9 @@ def test_checksummed_delta_pointing_past_the_tensor_is_refused_before_writing():
     header = codec._HEADER.unpack_from(delta)
     # claim the same payload belongs to a 40-element tensor, and re-seal the checksum
     delta[: codec._HEADER.size] = codec._HEADER.pack(*header[:2], 80, *header[3:])
-    crc = zlib.crc32(delta[codec._HEADER.size + 4 :], zlib.crc32(delta[: codec._HEADER.size]))
-    delta[codec._HEADER.size : codec._HEADER.size + 4] = codec._CRC.pack(crc)
+    start = codec._HEADER.size + codec._CRC.size
+    crc = zlib.crc32(delta[start:], zlib.crc32(delta[: codec._HEADER.size]))
+    delta[codec._HEADER.size : start] = codec._CRC.pack(crc)
     victim = np.zeros(40, np.uint16)
     with pytest.raises(CorruptError, match="do not fit"):
         codec.apply_delta(victim, bytes(delta), out=victim)
@@ -117,26 +118,29 @@ def test_gaps_of_four_billion_lanes_are_bridged():
     new = old.copy()
     new[[0, 4 * 5 + 2]] = [1, 0x0200]
     base = 5 << 32
-    out = [np.empty(kernels.reserve(base + 256) + 8, dtype=dtype)
-           for dtype in (np.uint8, np.uint32, np.uint8, np.uint8)]
-    row, count, n_escapes, _ = kernels.scan(old, new, 0, base, -1,
-                                            kernels.reserve(base + 256), *out)
-    gaps, escapes, low, high = out[0][:count], out[1][:n_escapes], out[2][:count], out[3][:count]
-    assert row == 1
-    lanes, lane, e = [], -1, 0
-    for gap in gaps.tolist():  # the format, decoded by hand
+    slots = kernels.reserve(base + 256) + 8
+    gaps, escapes, values = (np.empty(slots, dtype) for dtype in (np.uint8, np.uint32, np.uint16))
+    codes = np.zeros(1, np.uint64)
+    block, count, n_escapes, n_values, _ = kernels.scan(
+        old, new, 0, base, -1, kernels.reserve(base + 256), gaps, escapes, values, codes, 0)
+    gaps, escapes, values = gaps[:count], escapes[:n_escapes], values[:n_values]
+    assert block == 1
+    lanes, moves, lane, e, v = [], [], -1, 0, 0
+    for k, gap in enumerate(gaps.tolist()):  # the format, decoded by hand
         if gap == 255:
             gap, e = int(escapes[e]), e + 1
         lane += gap + 1
+        zz = int(codes[0]) >> (2 * k) & 3
+        if zz == 0:
+            zz, v = int(values[v]), v + 1
         lanes.append(lane)
-    changed = (low != 0) | (high != 0)
-    assert np.array(lanes)[changed].tolist() == [base, base + 4 * 5 + 2]
-    assert high[changed].tolist() == [0, 2]
-    # the kernel decodes the same lanes, and refuses a tensor one lane too short
-    decoded = np.empty(count, np.uint64)
-    assert kernels.positions(gaps, escapes, base + 4 * 5 + 3, decoded)
-    assert decoded.tolist() == lanes
-    assert not kernels.positions(gaps, escapes, base + 4 * 5 + 2, decoded)
+        moves.append((zz >> 1) ^ -(zz & 1))
+    changed = [(lane, move) for lane, move in zip(lanes, moves, strict=True) if move]
+    # five no-op changes bridge the 5 * 2**32 lanes before the first real one
+    assert changed == [(base, 1), (base + 4 * 5 + 2, 0x0200)] and len(lanes) == 7
+    # the checks agree on the last lane, and refuse a tensor one lane too short
+    assert kernels.check(gaps, escapes, codes, values, base + 4 * 5 + 3) == base + 4 * 5 + 2
+    assert kernels.check(gaps, escapes, codes, values, base + 4 * 5 + 2) == -2
 
 
 def test_delta_for_another_tensor_is_refused():

@@ -50,7 +50,7 @@ def test_plan_prefers_full_when_deltas_cost_more(tmp_path):
     store = WeightStore(tmp_path, keep_fulls=None)
     store.publish("p", 0, make_model(0))
     store.publish("p", 1, make_model(1), full=False, delta_base=0)
-    store.publish("p", 2, make_model(2), full=True, delta_base=1)
+    store.publish("p", 2, step(make_model(1), seed=2), full=True, delta_base=1)
     files = store.manifest("p", 2)["files"]
     chain = store.manifest("p", 1)["files"][delta_name(0)]["bytes"] + files[delta_name(1)]["bytes"]
     assert chain > files[MODEL_FILE]["bytes"]

@@ -1,22 +1,25 @@
 """Bit-exact sparse deltas between two versions of a tensor, and files of many of them.
 
 Under bf16 most elements of an RL update do not change at all, and those that change
-move by a few units in the last place. A delta therefore lists the 16-bit lanes of the
-tensor's raw bytes that changed, and ``old ^ new`` for each of them:
+move by a unit or two in the last place. A delta therefore lists the 16-bit lanes of the
+tensor's raw bytes that changed, and how each lane's integer moved:
 
 * positions: the gap to the previous changed lane in one byte, 255 escaping to a u32 in
   a side stream (about 1.3 bytes per change at 1% density, against four for plain u32
-  element indices). Both go through zstd's fastest mode, which only collapses runs: the
-  gaps of a sparse delta are close to uniform bytes (entropy coding would save 4% of them
-  for a fifth of the encoding time), those of a dense one are runs of zeros;
-* values: the XOR split into a low and a high byte plane, each zstd level 1 (the high
-  plane is almost all zeros, the low one a handful of symbols);
+  element indices). The gap bytes go through zstd's fastest mode, which only collapses
+  runs: those of a sparse delta are close to uniform bytes, those of a dense one runs of
+  zeros;
+* moves: the 16-bit difference ``new - old``, zigzag coded, in two bits per change for a
+  move of -1, +1 or -2 ulp (a bf16 or f16 step of one ulp is +-1 on its bit pattern), any
+  other move escaping to a u16 in a side stream. Two bits per change is smaller than
+  zstd made of XOR byte planes, and costs nothing to encode or decode (zstd on the
+  values was an eighth of the encoding time);
 * a CRC32 over header and payload, so a flipped byte is refused, never applied.
 
 Lanes make one format for BF16, F16 and F32 (an F32 is two lanes) and for odd byte
 counts (the last lane is zero-padded). Encoding is one compiled pass that reads both
 buffers once (``_kernels.scan``); applying a delta writes only the changed lanes, after
-every position has been checked, so a delta that does not fit is refused whole.
+the whole delta has been checked, so a delta that does not fit is refused whole.
 """
 
 from __future__ import annotations
@@ -36,22 +39,20 @@ from astraflow.weights import safetensors_io as st
 from astraflow.weights.errors import CorruptError
 
 MAGIC = b"AFWD"
-FORMAT = 2
-# magic, format, 3 reserved, tensor bytes, changes, escapes, then the compressed size of
-# each section in payload order: gap bytes (one per change), escapes (u32 each), low and
-# high byte planes of the XORs; then a crc32 of the header and payload
-_HEADER = struct.Struct("<4sB3xQQQQQQQ")
+FORMAT = 3
+# magic, format, 3 reserved, tensor bytes, changes, gap escapes, value escapes, compressed
+# size of the gap bytes; then a crc32 of the header and payload. The payload: the
+# compressed gap bytes, zeros up to a multiple of 8 bytes from the delta's start, then raw
+# little-endian arrays: 2-bit move codes (32 per u64), gap escapes (u32), escaped moves
+# (u16, zigzag)
+_HEADER = struct.Struct("<4sB3xQQQQQ")
 _CRC = struct.Struct("<I")
-#: bytes per block of the scan (64 lanes), the unit in which tensors are split for it
+#: lanes per block of the scan, the unit in which tensors are split for it
 _BLOCK_BYTES = 2 * 64
-#: changes the encoder collects before handing them to zstd (7 bytes each): memory stays
+#: changes the encoder collects before handing their gap bytes to zstd: memory stays
 #: bounded whatever the density, and the Python work per round does not show
 _SCRATCH = 1 << 20
-DELTA_FORMAT = "astraflow-delta/2"
-# level 1 with short hash tables: the value planes hold a few symbols in short repeats,
-# where deeper match search costs up to twice the time for no smaller output
-_VALUES_ZSTD = zstandard.ZstdCompressionParameters.from_level(
-    1, min_match=7, hash_log=8, chain_log=8, write_content_size=False)
+DELTA_FORMAT = "astraflow-delta/3"
 _GAPS_ZSTD = zstandard.ZstdCompressionParameters.from_level(-1, write_content_size=False)
 
 
@@ -83,36 +84,46 @@ def _blocks(raw: np.ndarray) -> list[tuple[np.ndarray, int]]:
 def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     """(changed lanes, delta): the count tells callers whether anything changed at all.
 
-    The kernel fills fixed scratch streams that zstd takes round by round, so no
-    tensor-sized index or value array is built even when every lane changed.
+    The kernel fills fixed scratch streams that are flushed round by round, so no
+    tensor-sized index or value array is built even when every lane changed; only the
+    2-bit codes (an eighth of the tensor's bytes when every lane changed) are kept whole.
     """
     if old.nbytes != new.nbytes:
         raise ValueError(f"cannot diff {old.nbytes} bytes against {new.nbytes} bytes")
     kernels = _kernels()
-    spare = kernels.reserve(-(-old.nbytes // 2))
-    # gap bytes, escapes, low and high bytes of the XORs: the sections, in payload order
-    scratch = [np.empty(_SCRATCH + spare, dtype=dtype)
-               for dtype in (np.uint8, np.uint32, np.uint8, np.uint8)]
-    # one compressor each: a compressor serves one stream at a time
-    streams = [zstandard.ZstdCompressor(compression_params=params).compressobj()
-               for params in (_GAPS_ZSTD, _GAPS_ZSTD, _VALUES_ZSTD, _VALUES_ZSTD)]
-    chunks: list[list[bytes]] = [[], [], [], []]
-    count = n_escapes = 0
-    last = -1
+    n_lanes = -(-old.nbytes // 2)
+    spare = kernels.reserve(n_lanes)
+    gaps, escapes, values = (np.empty(_SCRATCH + spare, dtype=dtype)
+                             for dtype in (np.uint8, np.uint32, np.uint16))
+    # zeroed pages cost nothing until a code lands in them (up to n_lanes codes, plus
+    # the no-op changes that bridge gaps of 2**32 lanes)
+    codes = np.zeros((n_lanes + (n_lanes >> 32) + 32) // 32, dtype=np.uint64)
+    gap_stream = zstandard.ZstdCompressor(compression_params=_GAPS_ZSTD).compressobj()
+    gap_chunks: list[bytes] = []
+    escape_chunks: list[bytes] = []
+    value_chunks: list[bytes] = []
+    count, last = 0, -1
     for (a, lane_base), (b, _) in zip(_blocks(_raw_bytes(old)), _blocks(_raw_bytes(new)),
                                       strict=True):
         block, n_blocks = 0, a.size // kernels.BLOCK_LANES
         while block < n_blocks:
-            block, k, e, last = kernels.scan(a, b, block, lane_base, last, spare, *scratch)
-            for chunk, stream, data, size in zip(chunks, streams, scratch, (k, e, k, k),
-                                                 strict=True):
-                if size:
-                    chunk.append(stream.compress(data[:size]))
-            count, n_escapes = count + k, n_escapes + e
-    payload = [b"".join([*chunk, stream.flush()]) if chunk else b""
-               for chunk, stream in zip(chunks, streams, strict=True)]
-    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, n_escapes,
-                        *(len(section) for section in payload))
+            block, k, e, v, last = kernels.scan(a, b, block, lane_base, last, spare, gaps,
+                                                escapes, values, codes, count)
+            if k:
+                gap_chunks.append(gap_stream.compress(gaps[:k]))
+            if e:
+                escape_chunks.append(escapes[:e].astype("<u4", copy=False).tobytes())
+            if v:
+                value_chunks.append(values[:v].astype("<u2", copy=False).tobytes())
+            count += k
+    gap_bytes = b"".join([*gap_chunks, gap_stream.flush()]) if gap_chunks else b""
+    n_escapes = sum(len(c) for c in escape_chunks) // 4
+    n_values = sum(len(c) for c in value_chunks) // 2
+    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, n_escapes, n_values,
+                        len(gap_bytes))
+    payload = [gap_bytes, bytes(-(_HEADER.size + _CRC.size + len(gap_bytes)) % 8),
+               codes[: -(-count // 32)].astype("<u8", copy=False).tobytes(),
+               *escape_chunks, *value_chunks]
     crc = zlib.crc32(head)
     for section in payload:
         crc = zlib.crc32(section, crc)
@@ -126,11 +137,14 @@ def encode_delta(old: np.ndarray, new: np.ndarray) -> bytes:
 
 @dataclass(frozen=True)
 class _Decoded:
-    """One delta, checked: ``lanes`` (ascending) all lie inside the tensor."""
+    """One delta, checked: its changes ascend and ``last`` (-1: none) lies inside the
+    tensor; the side streams match the gaps and codes."""
 
-    lanes: np.ndarray
-    low: np.ndarray
-    high: np.ndarray
+    gaps: np.ndarray
+    escapes: np.ndarray
+    codes: np.ndarray
+    values: np.ndarray
+    last: int
 
 
 def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
@@ -139,9 +153,17 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
     start = _HEADER.size + _CRC.size
     if len(blob) < start:
         raise CorruptError(f"delta is {len(blob)} bytes, shorter than its {start}-byte header")
-    magic, fmt, delta_bytes, count, n_escapes, *sizes = _HEADER.unpack(blob[: _HEADER.size])
+    magic, fmt, delta_bytes, count, n_escapes, n_values, gap_size = _HEADER.unpack(
+        blob[: _HEADER.size])
     if magic != MAGIC or fmt != FORMAT:
-        raise CorruptError(f"not an AstraFlow delta (magic {bytes(magic)!r}, format {fmt})")
+        raise CorruptError(f"not an AstraFlow delta of format {FORMAT} (magic "
+                           f"{bytes(magic)!r}, format {fmt})")
+    n_lanes = -(-n_bytes // 2)
+    if count > n_lanes + (n_lanes >> 32) or n_escapes > count or n_values > count:
+        raise CorruptError(f"delta header is inconsistent ({count} changed lanes of {n_lanes}, "
+                           f"{n_escapes} gap escapes, {n_values} escaped moves)")
+    n_words = -(-count // 32)
+    sizes = (gap_size, -(start + gap_size) % 8, 8 * n_words, 4 * n_escapes, 2 * n_values)
     if start + sum(sizes) != len(blob):
         raise CorruptError(f"delta is {len(blob)} bytes, its header announces "
                            f"{start + sum(sizes)}")
@@ -152,30 +174,25 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
                            "the delta is corrupt; fetch it again or pull a full snapshot")
     if delta_bytes != n_bytes:
         raise ValueError(f"delta is for {delta_bytes} bytes, tensor has {n_bytes}")
-    n_lanes = -(-n_bytes // 2)
-    if count > n_lanes or n_escapes > count:
-        raise CorruptError(f"delta header is inconsistent ({count} changed lanes of {n_lanes}, "
-                           f"{n_escapes} escapes)")
-    dctx = zstandard.ZstdDecompressor()
-    streams, offset = [], start
-    for size, expected in zip(sizes, (count, 4 * n_escapes, count, count), strict=True):
-        try:
-            stream = dctx.decompress(blob[offset : offset + size],
-                                     max_output_size=expected) if size else b""
-        except zstandard.ZstdError as exc:
-            raise CorruptError(f"delta payload does not decompress: {exc}") from exc
-        if len(stream) != expected:
-            raise CorruptError(f"delta section holds {len(stream)} bytes, expected {expected}")
-        streams.append(stream)
+    try:
+        gap_bytes = zstandard.ZstdDecompressor().decompress(
+            blob[start : start + gap_size], max_output_size=count) if gap_size else b""
+    except zstandard.ZstdError as exc:
+        raise CorruptError(f"delta payload does not decompress: {exc}") from exc
+    if len(gap_bytes) != count:
+        raise CorruptError(f"delta holds {len(gap_bytes)} gap bytes, expected {count}")
+    offset = start + gap_size + sizes[1]
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    arrays = []
+    for size, dtype in zip(sizes[2:], ("<u8", "<u4", "<u2"), strict=True):
+        arrays.append(raw[offset : offset + size].view(dtype))
         offset += size
-    gaps, low, high = (np.frombuffer(streams[i], dtype=np.uint8) for i in (0, 2, 3))
-    escapes = np.frombuffer(streams[1], dtype="<u4")
-    lanes = np.empty(count, dtype=np.uint64)
-    if not _kernels().positions(gaps, escapes, n_lanes, lanes):
-        raise CorruptError(f"delta positions do not fit the tensor's {n_bytes} bytes")
-    if n_bytes % 2 and count and lanes[-1] == n_lanes - 1 and high[-1]:
-        raise CorruptError("delta changes a byte past the tensor's odd last byte")
-    return _Decoded(lanes, low, high)
+    gaps = np.frombuffer(gap_bytes, dtype=np.uint8)
+    codes, escapes, values = arrays
+    last = _kernels().check(gaps, escapes, codes, values, n_lanes)
+    if last < -1:
+        raise CorruptError(f"delta positions or moves do not fit the tensor's {n_bytes} bytes")
+    return _Decoded(gaps, escapes, codes, values, last)
 
 
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
@@ -186,20 +203,28 @@ def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
     cache, which block-wise copy-and-patch loops cannot, and patching afterwards touches
     only the changed lines.
     """
-    decoded = _decode(delta, old.nbytes)
+    d = _decode(delta, old.nbytes)
     if out is None:
         out = np.empty(old.shape, dtype=old.dtype)
     elif out.shape != old.shape or out.dtype != old.dtype or not out.flags.c_contiguous:
         raise ValueError("out must be a C-contiguous array of the same shape and dtype as old")
+    count = d.gaps.size
+    half = old.nbytes % 2 == 1 and d.last == old.nbytes // 2
+    if half:
+        # the odd last byte is half a lane, zero-padded: it must stay within its byte
+        kernels = _kernels()
+        moved = (int(_raw_bytes(old)[-1]) + kernels.move(d.codes, d.values, count - 1)) & 0xFFFF
+        if moved > 0xFF:
+            raise CorruptError("delta changes a byte past the tensor's odd last byte")
+        count -= 1
     if out is not old:
         np.copyto(out, old)
     dst = out.reshape(-1).view(np.uint8)
-    lanes, low, high = decoded.lanes, decoded.low, decoded.high
-    if dst.size % 2 and lanes.size and lanes[-1] == dst.size // 2:
-        # the half lane of an odd last byte is patched here, not by the lane kernel
-        dst[-1] ^= low[-1]
-        lanes, low, high = lanes[:-1], low[:-1], high[:-1]
-    _kernels().patch(_lanes(dst), lanes, low, high)
+    if half:
+        dst[-1] = moved
+    kernels = _kernels()
+    kernels.patch(_lanes(dst), d.gaps, d.escapes, d.codes, d.values, count,
+                  np.empty(kernels.CHUNK, dtype=np.int64))
     return out
 
 
