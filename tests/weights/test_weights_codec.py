@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import zlib
 from unittest import mock
 
+import crc32c
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -97,9 +97,9 @@ def test_checksummed_delta_pointing_past_the_tensor_is_refused_before_writing():
     delta = bytearray(codec.encode_delta(old, new))
     header = codec._HEADER.unpack_from(delta)
     # claim the same payload belongs to a 40-element tensor, and re-seal the checksum
-    delta[: codec._HEADER.size] = codec._HEADER.pack(*header[:2], 80, *header[3:])
+    delta[: codec._HEADER.size] = codec._HEADER.pack(*header[:3], 80, *header[4:])
     start = codec._HEADER.size + codec._CRC.size
-    crc = zlib.crc32(delta[start:], zlib.crc32(delta[: codec._HEADER.size]))
+    crc = crc32c.crc32c(delta[start:], crc32c.crc32c(delta[: codec._HEADER.size]))
     delta[codec._HEADER.size : start] = codec._CRC.pack(crc)
     victim = np.zeros(40, np.uint16)
     with pytest.raises(CorruptError, match="do not fit"):

@@ -7,14 +7,15 @@ tensor's raw bytes that changed, and how each lane's integer moved:
 * positions: the gap to the previous changed lane in one byte, 255 escaping to a u32 in
   a side stream (about 1.3 bytes per change at 1% density, against four for plain u32
   element indices). The gap bytes go through zstd's fastest mode, which only collapses
-  runs: those of a sparse delta are close to uniform bytes, those of a dense one runs of
-  zeros;
+  runs (those of a dense delta are runs of zeros), and are kept raw when that saves
+  nothing (those of a sparse one are close to uniform bytes);
 * moves: the 16-bit difference ``new - old``, zigzag coded, in two bits per change for a
   move of -1, +1 or -2 ulp (a bf16 or f16 step of one ulp is +-1 on its bit pattern), any
   other move escaping to a u16 in a side stream. Two bits per change is smaller than
   zstd made of XOR byte planes, and costs nothing to encode or decode (zstd on the
   values was an eighth of the encoding time);
-* a CRC32 over header and payload, so a flipped byte is refused, never applied.
+* a CRC-32C (the Castagnoli polynomial, which CPUs compute in hardware) over header and
+  payload, so a flipped byte is refused, never applied.
 
 Lanes make one format for BF16, F16 and F32 (an F32 is two lanes) and for odd byte
 counts (the last lane is zero-padded). Encoding is one compiled pass that reads both
@@ -26,12 +27,12 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import crc32c
 import numpy as np
 import zstandard
 
@@ -40,12 +41,14 @@ from astraflow.weights.errors import CorruptError
 
 MAGIC = b"AFWD"
 FORMAT = 3
-# magic, format, 3 reserved, tensor bytes, changes, gap escapes, value escapes, compressed
-# size of the gap bytes; then a crc32 of the header and payload. The payload: the
-# compressed gap bytes, zeros up to a multiple of 8 bytes from the delta's start, then raw
+# magic, format, flags (1: gap bytes raw, not zstd), 2 reserved, tensor bytes, changes,
+# gap escapes, value escapes, stored size of the gap bytes; then a CRC-32C of the header
+# and payload. The payload: the gap bytes, zeros up to a multiple of 8 bytes from the
+# delta's start, then raw
 # little-endian arrays: 2-bit move codes (32 per u64), gap escapes (u32), escaped moves
 # (u16, zigzag)
-_HEADER = struct.Struct("<4sB3xQQQQQ")
+_HEADER = struct.Struct("<4sBB2xQQQQQ")
+_RAW_GAPS = 1
 _CRC = struct.Struct("<I")
 #: lanes per block of the scan, the unit in which tensors are split for it
 _BLOCK_BYTES = 2 * 64
@@ -98,8 +101,12 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     # zeroed pages cost nothing until a code lands in them (up to n_lanes codes, plus
     # the no-op changes that bridge gaps of 2**32 lanes)
     codes = np.zeros((n_lanes + (n_lanes >> 32) + 32) // 32, dtype=np.uint64)
-    gap_stream = zstandard.ZstdCompressor(compression_params=_GAPS_ZSTD).compressobj()
+    compressor = zstandard.ZstdCompressor(compression_params=_GAPS_ZSTD)
+    # the first round's gap bytes decide: zstd if it shrinks them (runs of zeros, a
+    # dense delta), else raw (a sparse delta's gaps are close to uniform bytes)
+    gap_stream: zstandard.ZstdCompressionObj | None = None
     gap_chunks: list[bytes] = []
+    raw_gaps: list[bytes] | None = None
     escape_chunks: list[bytes] = []
     value_chunks: list[bytes] = []
     count, last = 0, -1
@@ -109,24 +116,34 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
         while block < n_blocks:
             block, k, e, v, last = kernels.scan(a, b, block, lane_base, last, spare, gaps,
                                                 escapes, values, codes, count)
-            if k:
+            if k and gap_stream is None and raw_gaps is None:
+                if len(compressor.compress(gaps[:k])) < 0.9 * k:
+                    gap_stream = compressor.compressobj()
+                else:
+                    raw_gaps = []
+            if k and gap_stream is not None:
                 gap_chunks.append(gap_stream.compress(gaps[:k]))
+            elif k:
+                raw_gaps.append(gaps[:k].tobytes())
             if e:
                 escape_chunks.append(escapes[:e].astype("<u4", copy=False).tobytes())
             if v:
                 value_chunks.append(values[:v].astype("<u2", copy=False).tobytes())
             count += k
-    gap_bytes = b"".join([*gap_chunks, gap_stream.flush()]) if gap_chunks else b""
+    if gap_stream is not None:
+        gap_bytes, flags = b"".join([*gap_chunks, gap_stream.flush()]), 0
+    else:  # raw gap bytes are read in place, not decompressed
+        gap_bytes, flags = b"".join(raw_gaps or []), _RAW_GAPS
     n_escapes = sum(len(c) for c in escape_chunks) // 4
     n_values = sum(len(c) for c in value_chunks) // 2
-    head = _HEADER.pack(MAGIC, FORMAT, old.nbytes, count, n_escapes, n_values,
+    head = _HEADER.pack(MAGIC, FORMAT, flags, old.nbytes, count, n_escapes, n_values,
                         len(gap_bytes))
     payload = [gap_bytes, bytes(-(_HEADER.size + _CRC.size + len(gap_bytes)) % 8),
                codes[: -(-count // 32)].astype("<u8", copy=False).tobytes(),
                *escape_chunks, *value_chunks]
-    crc = zlib.crc32(head)
+    crc = crc32c.crc32c(head)
     for section in payload:
-        crc = zlib.crc32(section, crc)
+        crc = crc32c.crc32c(section, crc)
     return count, b"".join([head, _CRC.pack(crc), *payload])
 
 
@@ -153,11 +170,11 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
     start = _HEADER.size + _CRC.size
     if len(blob) < start:
         raise CorruptError(f"delta is {len(blob)} bytes, shorter than its {start}-byte header")
-    magic, fmt, delta_bytes, count, n_escapes, n_values, gap_size = _HEADER.unpack(
+    magic, fmt, flags, delta_bytes, count, n_escapes, n_values, gap_size = _HEADER.unpack(
         blob[: _HEADER.size])
-    if magic != MAGIC or fmt != FORMAT:
+    if magic != MAGIC or fmt != FORMAT or flags & ~_RAW_GAPS:
         raise CorruptError(f"not an AstraFlow delta of format {FORMAT} (magic "
-                           f"{bytes(magic)!r}, format {fmt})")
+                           f"{bytes(magic)!r}, format {fmt}, flags {flags})")
     n_lanes = -(-n_bytes // 2)
     if count > n_lanes + (n_lanes >> 32) or n_escapes > count or n_values > count:
         raise CorruptError(f"delta header is inconsistent ({count} changed lanes of {n_lanes}, "
@@ -168,21 +185,24 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
         raise CorruptError(f"delta is {len(blob)} bytes, its header announces "
                            f"{start + sum(sizes)}")
     (crc,) = _CRC.unpack(blob[_HEADER.size : start])
-    actual = zlib.crc32(blob[start:], zlib.crc32(blob[: _HEADER.size]))
+    actual = crc32c.crc32c(blob[start:], crc32c.crc32c(blob[: _HEADER.size]))
     if actual != crc:
         raise CorruptError(f"delta checksum mismatch (crc32 {actual:08x}, expected {crc:08x}): "
                            "the delta is corrupt; fetch it again or pull a full snapshot")
     if delta_bytes != n_bytes:
         raise ValueError(f"delta is for {delta_bytes} bytes, tensor has {n_bytes}")
-    try:
-        gap_bytes = zstandard.ZstdDecompressor().decompress(
-            blob[start : start + gap_size], max_output_size=count) if gap_size else b""
-    except zstandard.ZstdError as exc:
-        raise CorruptError(f"delta payload does not decompress: {exc}") from exc
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    if flags & _RAW_GAPS:
+        gap_bytes = raw[start : start + gap_size]
+    else:
+        try:
+            gap_bytes = zstandard.ZstdDecompressor().decompress(
+                blob[start : start + gap_size], max_output_size=count) if gap_size else b""
+        except zstandard.ZstdError as exc:
+            raise CorruptError(f"delta payload does not decompress: {exc}") from exc
     if len(gap_bytes) != count:
         raise CorruptError(f"delta holds {len(gap_bytes)} gap bytes, expected {count}")
     offset = start + gap_size + sizes[1]
-    raw = np.frombuffer(blob, dtype=np.uint8)
     arrays = []
     for size, dtype in zip(sizes[2:], ("<u8", "<u4", "<u2"), strict=True):
         arrays.append(raw[offset : offset + size].view(dtype))
@@ -223,7 +243,11 @@ def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
     if half:
         dst[-1] = moved
     kernels = _kernels()
-    kernels.patch(_lanes(dst), d.gaps, d.escapes, d.codes, d.values, count,
+    # the lane decoder reads one escape past the last (and ignores it)
+    escapes = np.empty(d.escapes.size + 1, dtype=np.uint32)
+    escapes[:-1] = d.escapes
+    escapes[-1] = 0
+    kernels.patch(_lanes(dst), d.gaps, escapes, d.codes, d.values, count,
                   np.empty(kernels.CHUNK, dtype=np.int64))
     return out
 
