@@ -193,49 +193,48 @@ def _prefetch(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
     return types.void(a, types.intp), codegen
 
 
-#: changes ahead whose lanes ``patch`` asks the cache for
+#: changes the lane decoder runs ahead of the patches, asking the cache for their lines
 _AHEAD = 64
-#: changes whose lanes are decoded at a time (the lane buffer stays in L1/L2)
-CHUNK = 1 << 14
+#: slots of the ring that carries decoded lanes from the decoder to the patches
+RING = 128
 
 
 @njit(nogil=True, cache=True)
 def patch(dst: np.ndarray, gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray,
-          values: np.ndarray, count: int, lanes: np.ndarray) -> None:
+          values: np.ndarray, count: int, ring: np.ndarray) -> None:
     """Add the first ``count`` changes (``check``-ed) to u16 array ``dst``; ``escapes``
-    holds one more (unused) slot than the delta's gap escapes.
+    holds one more (unused) slot than the delta's gap escapes, ``ring`` ``RING`` slots.
 
-    Lanes are decoded a chunk at a time into ``lanes`` (``CHUNK`` slots), then patched:
-    decoding and patching in one loop chains each address on the previous one, which
-    leaves the cache misses of the patches nothing to overlap with. At 1% density nearly
-    every change is in another cache line; asking for the lines ``_AHEAD`` changes early
-    keeps more of them in flight than the out-of-order window does alone.
+    At 1% density nearly every change is in another cache line, so the patches are
+    bound by their misses. The lane of change k + ``_AHEAD`` is decoded, and its line
+    asked for, in the same iteration that patches change k: the misses overlap with each
+    other and with the decoding, whose chain of additions would otherwise hold every
+    patch address back.
     """
+    mask = RING - 1
     lane = np.int64(-1)
     e = 0
     v = 0
-    for start in range(0, count, CHUNK):
-        stop = min(start + CHUNK, count)
-        for k in range(start, stop):
+    for k in range(-_AHEAD, count):
+        ahead = k + _AHEAD
+        if ahead < count:
             # without a branch: one gap in thirteen escapes, too often to predict
-            gap = np.int64(gaps[k])
+            gap = np.int64(gaps[ahead])
             escaped = gap == ESCAPE
             gap = np.int64(escapes[e]) if escaped else gap
             e += escaped
             lane += gap + 1
-            lanes[k - start] = lane
-        n = stop - start
-        for i in range(n):
-            if i + _AHEAD < n:
-                _prefetch(dst, lanes[i + _AHEAD])
-            k = start + i
-            zz = np.uint16((codes[k >> 5] >> np.uint64(2 * (k & 31))) & np.uint64(3))
-            if zz == 0:
-                zz = values[v]
-                v += 1
-            d = np.int64(zz >> np.uint16(1)) ^ -np.int64(zz & np.uint16(1))
-            at = lanes[i]
-            dst[at] = np.uint16((np.int64(dst[at]) + d) & 0xFFFF)
+            ring[ahead & mask] = lane
+            _prefetch(dst, lane)
+        if k < 0:
+            continue
+        zz = np.uint16((codes[k >> 5] >> np.uint64(2 * (k & 31))) & np.uint64(3))
+        if zz == 0:
+            zz = values[v]
+            v += 1
+        d = np.int64(zz >> np.uint16(1)) ^ -np.int64(zz & np.uint16(1))
+        at = ring[k & mask]
+        dst[at] = np.uint16((np.int64(dst[at]) + d) & 0xFFFF)
 
 
 def move(codes: np.ndarray, values: np.ndarray, k: int) -> int:

@@ -248,7 +248,7 @@ def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
     escapes[:-1] = d.escapes
     escapes[-1] = 0
     kernels.patch(_lanes(dst), d.gaps, escapes, d.codes, d.values, count,
-                  np.empty(kernels.CHUNK, dtype=np.int64))
+                  np.empty(kernels.RING, dtype=np.int64))
     return out
 
 
