@@ -235,10 +235,3 @@ def patch(dst: np.ndarray, gaps: np.ndarray, escapes: np.ndarray, codes: np.ndar
         d = np.int64(zz >> np.uint16(1)) ^ -np.int64(zz & np.uint16(1))
         at = ring[k & mask]
         dst[at] = np.uint16((np.int64(dst[at]) + d) & 0xFFFF)
-
-
-def move(codes: np.ndarray, values: np.ndarray, k: int) -> int:
-    """The 16-bit difference ``new - old`` of change ``k`` (the last one, whose escaped
-    value is the last of ``values``); for the odd last byte of a tensor, patched apart."""
-    zz = int(codes[k >> 5] >> np.uint64(2 * (k & 31))) & 3 or int(values[-1])
-    return ((zz >> 1) ^ -(zz & 1)) & 0xFFFF

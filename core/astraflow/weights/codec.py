@@ -44,9 +44,8 @@ FORMAT = 3
 # magic, format, flags (1: gap bytes raw, not zstd), 2 reserved, tensor bytes, changes,
 # gap escapes, value escapes, stored size of the gap bytes; then a CRC-32C of the header
 # and payload. The payload: the gap bytes, zeros up to a multiple of 8 bytes from the
-# delta's start, then raw
-# little-endian arrays: 2-bit move codes (32 per u64), gap escapes (u32), escaped moves
-# (u16, zigzag)
+# delta's start, then raw little-endian arrays: 2-bit move codes (32 per u64), gap
+# escapes (u32), escaped moves (u16, zigzag)
 _HEADER = struct.Struct("<4sBB2xQQQQQ")
 _RAW_GAPS = 1
 _CRC = struct.Struct("<I")
@@ -187,7 +186,7 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
     (crc,) = _CRC.unpack(blob[_HEADER.size : start])
     actual = crc32c.crc32c(blob[start:], crc32c.crc32c(blob[: _HEADER.size]))
     if actual != crc:
-        raise CorruptError(f"delta checksum mismatch (crc32 {actual:08x}, expected {crc:08x}): "
+        raise CorruptError(f"delta checksum mismatch (crc32c {actual:08x}, expected {crc:08x}): "
                            "the delta is corrupt; fetch it again or pull a full snapshot")
     if delta_bytes != n_bytes:
         raise ValueError(f"delta is for {delta_bytes} bytes, tensor has {n_bytes}")
@@ -215,6 +214,14 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
     return _Decoded(gaps, escapes, codes, values, last)
 
 
+def _last_move(d: _Decoded) -> int:
+    """The 16-bit difference ``new - old`` of the last change (whose escaped move, if it
+    escaped, is the last of ``values``)."""
+    k = d.gaps.size - 1
+    zz = int(d.codes[k >> 5] >> np.uint64(2 * (k & 31))) & 3 or int(d.values[-1])
+    return ((zz >> 1) ^ -(zz & 1)) & 0xFFFF
+
+
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
                 out: np.ndarray | None = None) -> np.ndarray:
     """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place.
@@ -232,8 +239,7 @@ def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
     half = old.nbytes % 2 == 1 and d.last == old.nbytes // 2
     if half:
         # the odd last byte is half a lane, zero-padded: it must stay within its byte
-        kernels = _kernels()
-        moved = (int(_raw_bytes(old)[-1]) + kernels.move(d.codes, d.values, count - 1)) & 0xFFFF
+        moved = (int(_raw_bytes(old)[-1]) + _last_move(d)) & 0xFFFF
         if moved > 0xFF:
             raise CorruptError("delta changes a byte past the tensor's odd last byte")
         count -= 1
