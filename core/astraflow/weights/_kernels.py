@@ -69,9 +69,9 @@ def scan(a: np.ndarray, b: np.ndarray, block: int, lane_base: int, last: int, sp
     """Record the changed lanes of u16 arrays ``a`` vs ``b`` (whole blocks of
     ``BLOCK_LANES``) from block ``block`` on.
 
-    ``gaps``, ``escapes`` and ``values`` (escaped zz) are this round's scratch; ``codes``
-    (zeroed, 32 per u64) holds every change of the tensor, of which ``done`` are coded
-    already. Stops at the end or when fewer than ``spare`` gap slots are left; returns
+    ``gaps``, ``escapes``, ``values`` (escaped zz) and ``codes`` (32 per u64, zeroed
+    past the first ``done`` codes, which the caller carried over) are this round's
+    scratch. Stops at the end or when fewer than ``spare`` gap slots are left; returns
     (next block, changes, gap escapes, value escapes, last changed lane).
     """
     cap = gaps.size - spare

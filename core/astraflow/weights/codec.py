@@ -87,8 +87,7 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     """(changed lanes, delta): the count tells callers whether anything changed at all.
 
     The kernel fills fixed scratch streams that are flushed round by round, so no
-    tensor-sized index or value array is built even when every lane changed; only the
-    2-bit codes (an eighth of the tensor's bytes when every lane changed) are kept whole.
+    tensor-sized index or value array is built even when every lane changed.
     """
     if old.nbytes != new.nbytes:
         raise ValueError(f"cannot diff {old.nbytes} bytes against {new.nbytes} bytes")
@@ -97,9 +96,10 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     spare = kernels.reserve(n_lanes)
     gaps, escapes, values = (np.empty(_SCRATCH + spare, dtype=dtype)
                              for dtype in (np.uint8, np.uint32, np.uint16))
-    # zeroed pages cost nothing until a code lands in them (up to n_lanes codes, plus
-    # the no-op changes that bridge gaps of 2**32 lanes)
-    codes = np.zeros((n_lanes + (n_lanes >> 32) + 32) // 32, dtype=np.uint64)
+    # 32 codes a word; a round's last word, if part full, starts the next round's codes
+    codes = np.zeros((_SCRATCH + spare) // 32 + 2, dtype=np.uint64)
+    code_chunks: list[bytes] = []
+    phase = 0
     compressor = zstandard.ZstdCompressor(compression_params=_GAPS_ZSTD)
     # the first round's gap bytes decide: zstd if it shrinks them (runs of zeros, a
     # dense delta), else raw (a sparse delta's gaps are close to uniform bytes)
@@ -114,7 +114,12 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
         block, n_blocks = 0, a.size // kernels.BLOCK_LANES
         while block < n_blocks:
             block, k, e, v, last = kernels.scan(a, b, block, lane_base, last, spare, gaps,
-                                                escapes, values, codes, count)
+                                                escapes, values, codes, phase)
+            full, phase = divmod(phase + k, 32)
+            if full:
+                code_chunks.append(codes[:full].astype("<u8", copy=False).tobytes())
+                codes[0] = codes[full] if phase else 0
+                codes[1 : full + 1] = 0
             if k and gap_stream is None and raw_gaps is None:
                 if len(compressor.compress(gaps[:k])) < 0.9 * k:
                     gap_stream = compressor.compressobj()
@@ -137,9 +142,10 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
     n_values = sum(len(c) for c in value_chunks) // 2
     head = _HEADER.pack(MAGIC, FORMAT, flags, old.nbytes, count, n_escapes, n_values,
                         len(gap_bytes))
+    if phase:
+        code_chunks.append(codes[:1].astype("<u8", copy=False).tobytes())
     payload = [gap_bytes, bytes(-(_HEADER.size + _CRC.size + len(gap_bytes)) % 8),
-               codes[: -(-count // 32)].astype("<u8", copy=False).tobytes(),
-               *escape_chunks, *value_chunks]
+               *code_chunks, *escape_chunks, *value_chunks]
     crc = crc32c.crc32c(head)
     for section in payload:
         crc = crc32c.crc32c(section, crc)
