@@ -198,21 +198,21 @@ def _decode(delta: bytes | memoryview | np.ndarray, n_bytes: int) -> _Decoded:
         raise ValueError(f"delta is for {delta_bytes} bytes, tensor has {n_bytes}")
     raw = np.frombuffer(blob, dtype=np.uint8)
     if flags & _RAW_GAPS:
-        gap_bytes = raw[start : start + gap_size]
+        gaps = raw[start : start + gap_size]
     else:
         try:
-            gap_bytes = zstandard.ZstdDecompressor().decompress(
-                blob[start : start + gap_size], max_output_size=count) if gap_size else b""
+            gaps = np.frombuffer(zstandard.ZstdDecompressor().decompress(
+                blob[start : start + gap_size], max_output_size=count) if gap_size else b"",
+                dtype=np.uint8)
         except zstandard.ZstdError as exc:
             raise CorruptError(f"delta payload does not decompress: {exc}") from exc
-    if len(gap_bytes) != count:
-        raise CorruptError(f"delta holds {len(gap_bytes)} gap bytes, expected {count}")
+    if gaps.size != count:
+        raise CorruptError(f"delta holds {gaps.size} gap bytes, expected {count}")
     offset = start + gap_size + sizes[1]
     arrays = []
     for size, dtype in zip(sizes[2:], ("<u8", "<u4", "<u2"), strict=True):
         arrays.append(raw[offset : offset + size].view(dtype))
         offset += size
-    gaps = np.frombuffer(gap_bytes, dtype=np.uint8)
     codes, escapes, values = arrays
     last = _kernels().check(gaps, escapes, codes, values, n_lanes)
     if last < -1:
