@@ -6,6 +6,8 @@ and do per-change work only where something changed. A block of 64 lanes is comp
 one vector instruction per register (``_ne_mask``: a lane-wise compare whose result is
 read as a 64-bit mask, ``vpcmpneqw`` into a mask register where AVX-512 exists), and the
 set bits of the mask are walked with count-trailing-zeros instead of testing every lane.
+Both buffers are prefetched 4 KiB ahead of the compare: the hardware prefetcher stops at
+page boundaries, and without the hints the scan waited on a miss at every page.
 Importing numba takes about half a second, so ``codec`` imports this module only when a
 delta is encoded or applied.
 
@@ -57,6 +59,27 @@ def _ne_mask(typingctx: object, a: types.Array, b: types.Array, start: types.Int
     return types.uint64(a, b, types.intp), codegen
 
 
+@intrinsic
+def _prefetch(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
+    """Hint that ``a[index]`` is read soon (prefetcht0); a hint never faults."""
+    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte = ir.IntType(8).as_pointer()
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), byte)
+        i32 = ir.IntType(32)
+        fn = builder.module.globals.get("llvm.prefetch.p0") or ir.Function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+            name="llvm.prefetch.p0")
+        # read, keep in all cache levels, data cache
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(a, types.intp), codegen
+
+
+#: lanes (4 KiB) ahead of its compare that the scan asks the cache for
+_SCAN_AHEAD = 2048
+
+
 def reserve(n_lanes: int) -> int:
     """Output slots ``scan`` keeps free before a block: its changes and no-op bridges."""
     return BLOCK_LANES + (n_lanes >> 32) + 1
@@ -81,6 +104,14 @@ def scan(a: np.ndarray, b: np.ndarray, block: int, lane_base: int, last: int, sp
     v = 0
     while block < n_blocks and k <= cap:
         first = block * BLOCK_LANES
+        # both lines of both arrays, 4 KiB ahead: a fifth less time at 1% density (a
+        # block or two ahead gained little; 4 to 16 KiB ahead all about the same). Past
+        # the end the hint is dropped: a prefetch never faults.
+        ahead = first + _SCAN_AHEAD
+        _prefetch(a, ahead)
+        _prefetch(a, ahead + BLOCK_LANES // 2)
+        _prefetch(b, ahead)
+        _prefetch(b, ahead + BLOCK_LANES // 2)
         mask = _ne_mask(a, b, first)
         while mask != 0:
             j = np.int64(_ctz(mask))
@@ -174,23 +205,6 @@ def check(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, values: np.n
     if zeros - pad != values.size:
         return -2
     return np.int64(end) - 1
-
-
-@intrinsic
-def _prefetch(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
-    """Hint that ``a[index]`` is read soon (prefetcht0); a hint never faults."""
-    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte = ir.IntType(8).as_pointer()
-        ptr = builder.bitcast(builder.gep(data, [args[1]]), byte)
-        i32 = ir.IntType(32)
-        fn = builder.module.globals.get("llvm.prefetch.p0") or ir.Function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-            name="llvm.prefetch.p0")
-        # read, keep in all cache levels, data cache
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(a, types.intp), codegen
 
 
 #: changes the lane decoder runs ahead of the patches, asking the cache for their lines
