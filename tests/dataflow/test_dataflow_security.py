@@ -88,6 +88,11 @@ def test_openapi_describes_the_typed_bodies(http):
          "version"),
         ("/v1/versions", b'{"policy": "nope", "version": 1}', "application/json", 404,
          "unknown policy"),
+        ("/v1/versions/wait", b'{"have": {}, "wait": 1}', "application/json", 422, "have"),
+        ("/v1/versions/wait", b'{"have": {"policy": 0}, "wait": 301}', "application/json",
+         422, "wait"),
+        ("/v1/versions/wait", b'{"have": {"nope": 0}, "wait": 1}', "application/json", 404,
+         "unknown policy"),
     ],
 )
 def test_malformed_requests_get_a_4xx_saying_what_is_wrong(http, path, body, content_type,

@@ -35,6 +35,7 @@ from astraflow.dataflow.wire import (
     SubmitIn,
     TasksIn,
     VersionIn,
+    VersionsWaitIn,
     decode_body,
     jsonable_item,
     parse,
@@ -209,6 +210,13 @@ def create_app(settings: DataflowSettings, token: str,
     async def versions(request: Request) -> Response:
         """The latest weight version of every policy."""
         return _reply(request, dict(service.versions))
+
+    @r.post("/v1/versions/wait", openapi_extra=_body_doc(VersionsWaitIn))
+    async def wait_versions(request: Request) -> Response:
+        """Long-poll up to ``wait`` s until a policy in ``have`` has a newer version;
+        answers every policy's latest version (unchanged ones at the timeout)."""
+        req = await _read(request, VersionsWaitIn)
+        return _reply(request, await service.wait_versions(req.have, req.wait))
 
     @r.get("/v1/status")
     async def status(request: Request) -> Response:

@@ -220,6 +220,12 @@ class _Api:
     def versions(self) -> Any:
         return self._do(_Call("GET", "/v1/versions"))
 
+    def wait_versions(self, have: dict[str, int], wait: float) -> Any:
+        """Every policy's latest version once one in ``have`` is newer than given there,
+        or after ``wait`` s (a long-poll: no polling for new weights)."""
+        return self._do(_Call("POST", "/v1/versions/wait", {"have": have, "wait": wait},
+                              timeout=wait + self.timeout))
+
     def status(self) -> Any:
         return self._do(_Call("GET", "/v1/status"))
 

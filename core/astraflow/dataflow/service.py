@@ -1014,6 +1014,20 @@ class DataflowService:
         return asyncio.run_coroutine_threadsafe(self.set_version(policy, version),
                                                 self.loop).result()
 
+    async def wait_versions(self, have: dict[str, int], wait: float) -> dict[str, int]:
+        """Every policy's latest version, as soon as one in ``have`` is newer than the
+        version given for it, or after ``wait`` seconds: nodes learn of new weights
+        the moment they are published without polling for them."""
+        for policy in have:
+            self._policy(policy)
+        give_up = time.monotonic() + wait
+        while True:
+            changed = self._changed
+            remaining = give_up - time.monotonic()
+            if remaining <= 0 or any(self.versions[p] > v for p, v in have.items()):
+                return dict(self.versions)
+            await self._wait(changed, remaining)
+
     async def set_version(self, policy: str, version: int) -> dict[str, Any]:
         self._policy(policy)
         current = self.versions[policy]

@@ -145,6 +145,12 @@ class VersionIn(_Model):
     version: int = Field(ge=0, le=2**62)
 
 
+class VersionsWaitIn(_Model):
+    #: the version a node holds (or has last seen announced) per policy it follows
+    have: dict[Name, Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=64)
+    wait: float = Field(default=0.0, ge=0.0, le=300.0)
+
+
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     RegisterIn,
     LeaseIn,
@@ -153,6 +159,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     BatchIn,
     AckIn,
     VersionIn,
+    VersionsWaitIn,
 )
 
 

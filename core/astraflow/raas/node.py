@@ -32,7 +32,13 @@ class NodeOptions:
     pool: str = "default"
     region: str = "local"
     concurrency: int = 16  # tasks in flight
-    refresh_interval: float = 0.5  # seconds between checks for newer weights
+    #: fewest seconds between two weight loads (versions published faster than that are
+    #: skipped to the newest), between retries of a failed refresh, and between checks
+    #: for a first version
+    refresh_interval: float = 0.5
+    #: longest a long-poll for newer weights is held open; each one that ends without
+    #: news is followed by one plan request per policy (the store is the truth)
+    refresh_wait: float = 10.0
     heartbeat_interval: float = 2.0
     #: the synchronous baseline: run this many tasks per iteration, then wait for every
     #: policy's next version before leasing again (0: fully asynchronous)
@@ -111,8 +117,10 @@ class RaaSNode:
         )
         log.info("node %s registered as %s", self.name, self.node_id)
 
-    async def refresh(self, wait_for_first: bool = False) -> None:
-        """Load every policy's newest weights that this node does not have yet."""
+    async def refresh(self, wait_for_first: bool = False) -> bool:
+        """Load every policy's newest weights that this node does not have yet; True if
+        anything was loaded."""
+        loaded = False
         async with self._refresh_lock:
             for policy, backend in self.backends.items():
                 while wait_for_first and await asyncio.to_thread(self.weights.latest,
@@ -129,6 +137,8 @@ class RaaSNode:
                 finally:
                     await backend.resume()
                 log.info("node %s: %s now at version %d", self.name, policy, version)
+                loaded = True
+        return loaded
 
     def policy_handles(self) -> dict[str, EnginePolicy]:
         defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),
@@ -162,12 +172,28 @@ class RaaSNode:
             await _wait(stop, self.options.heartbeat_interval)
 
     async def _refreshes(self, stop: asyncio.Event) -> None:
+        """Refresh whenever the data layer announces a newer version (a long-poll), and
+        once after every long-poll that ends without one.
+
+        After a load it waits ``refresh_interval`` first: when versions come faster than
+        that, the engine pauses at most once per interval and loads the newest.
+
+        The long-poll waits for versions newer than the newest this node has *seen*
+        announced, not the one it holds: a version announced before its weights are
+        downloadable is retried at the next timeout instead of waking the node at once
+        again and again.
+        """
+        seen = {p: b.version for p, b in self.backends.items()}
         while not stop.is_set():
             try:
-                await self.refresh()
+                if await self.refresh():
+                    await _wait(stop, self.options.refresh_interval)
+                have = {p: max(seen[p], b.version) for p, b in self.backends.items()}
+                latest = await self.client.wait_versions(have, self.options.refresh_wait)
+                seen = {p: max(have[p], latest.get(p, 0)) for p in have}
             except Exception as exc:  # the data layer restarting: keep the weights we have
                 log.warning("node %s: weight refresh failed, retrying: %r", self.name, exc)
-            await _wait(stop, self.options.refresh_interval)
+                await _wait(stop, self.options.refresh_interval)
 
     async def _lease(self, max_tasks: int, versions: dict[str, int], wait: float = 0.0
                      ) -> list[Any]:
