@@ -24,24 +24,26 @@ def publish(url: str, version: int) -> None:
         target.close()
 
 
+def pending(call) -> tuple[threading.Thread, list[dict[str, int]]]:
+    """``call()`` running in a thread, and the list its answer will be appended to."""
+    answers: list[dict[str, int]] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    return thread, answers
+
+
 def test_a_waiting_node_hears_of_a_committed_version_at_once(start_server, connect):
     server = start_server()
     node = connect(server)
-    heard: dict[str, int] = {}
-    waiter = threading.Thread(
-        target=lambda: heard.update(node.wait_versions({"policy": 0}, wait=120)))
-    waiter.start()
+    waiter, heard = pending(lambda: node.wait_versions({"policy": 0}, wait=120))
     publish(server.url, 1)
     # woken by the commit, long before its 120 s wait ends
     waiter.join(timeout=60)
-    assert not waiter.is_alive(), "the long-poll was not woken by the commit"
-    assert heard == {"policy": 1}
+    assert heard == [{"policy": 1}], "the long-poll was not woken by the commit"
     # a node already behind is answered without waiting
-    answered = threading.Thread(target=lambda: heard.update(
-        node.wait_versions({"policy": 0}, wait=120), seen=True))
-    answered.start()
-    answered.join(timeout=60)
-    assert not answered.is_alive() and heard["seen"]
+    behind, told = pending(lambda: node.wait_versions({"policy": 0}, wait=120))
+    behind.join(timeout=60)
+    assert told == [{"policy": 1}]
 
 
 def test_a_node_that_is_current_waits_the_full_time_and_is_told_nothing_new(start_server,

@@ -192,6 +192,9 @@ class DataflowService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._arrival: dict[str, asyncio.Event] = {}
         self._changed: asyncio.Event | None = None
+        #: set (and replaced) when a policy's new version is durable: wakes only the
+        #: version long-polls, which every lease and submission would otherwise wake
+        self._new_version: asyncio.Event | None = None
         self._reaper: asyncio.Task | None = None
         self._policy_locks: dict[str, asyncio.Lock] = {}
 
@@ -321,6 +324,7 @@ class DataflowService:
         self._arrival = {p: asyncio.Event() for p in self.policies}
         self._policy_locks = {p: asyncio.Lock() for p in self.policies}
         self._changed = asyncio.Event()
+        self._new_version = asyncio.Event()
         self.store.start()
         self._reaper = asyncio.create_task(self._reap_forever())
 
@@ -1022,11 +1026,11 @@ class DataflowService:
             self._policy(policy)
         give_up = time.monotonic() + wait
         while True:
-            changed = self._changed
+            published = self._new_version
             remaining = give_up - time.monotonic()
             if remaining <= 0 or any(self.versions[p] > v for p, v in have.items()):
                 return dict(self.versions)
-            await self._wait(changed, remaining)
+            await self._wait(published, remaining)
 
     async def set_version(self, policy: str, version: int) -> dict[str, Any]:
         self._policy(policy)
@@ -1065,6 +1069,8 @@ class DataflowService:
         self.store.payloads.release(item.loc for item in stale + too_old)
         self.counters.update(deltas)
         self._pulse_changed()
+        self._new_version.set()
+        self._new_version = asyncio.Event()
         return {"policy": policy, "version": version, "dropped_stale": len(stale)}
 
     # ---- observability ---------------------------------------------------------------
