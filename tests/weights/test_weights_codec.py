@@ -35,20 +35,55 @@ def pairs(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(pairs(), hs.sampled_from([1, 32, 1 << 16]))
-def test_round_trip_is_bit_exact(pair, scratch):
-    """Small scratch streams make the encoder stop and resume inside the tensor."""
+@given(pairs(), hs.sampled_from([1, 32, 1 << 16]), hs.integers(1, 8))
+def test_round_trip_is_bit_exact(pair, scratch, threads):
+    """Small scratch streams make the encoder stop and resume inside the tensor; with a
+    thread per change allowed, applies split the changes between up to 8 threads, each
+    starting mid-stream (after gap escapes and escaped moves of other threads)."""
     old, new = pair
-    with mock.patch.object(codec, "_SCRATCH", scratch):
+    with (mock.patch.object(codec, "_SCRATCH", scratch),
+          mock.patch.object(codec, "_CHANGES_PER_THREAD", 1)):
         delta = codec.encode_delta(old, new)
-        fresh = codec.apply_delta(old, delta)
+        fresh = codec.apply_delta(old, delta, threads=threads)
         into = np.zeros_like(old)
-        codec.apply_delta(old, delta, out=into)
+        codec.apply_delta(old, delta, out=into, threads=threads)
         inplace = old.copy()
-        codec.apply_delta(inplace, delta, out=inplace)
+        codec.apply_delta(inplace, delta, out=inplace, threads=threads)
     for result in (fresh, into, inplace):
         assert result.dtype == new.dtype
         assert np.array_equal(result, new)
+
+
+def test_a_large_delta_is_applied_by_several_threads_to_the_same_result():
+    """Sparse moves of all kinds (escaped gaps and moves among them), split between
+    threads at the default size per thread: the same bits as one thread."""
+    rng = np.random.default_rng(7)
+    old = rng.integers(0, 1 << 16, 1 << 23, dtype=np.uint16)
+    new = old.copy()
+    hit = np.unique(rng.integers(0, old.size, 4 * codec._CHANGES_PER_THREAD))
+    new[hit] += rng.choice(np.array([1, 0xFFFF, 0xFFFE, 77], np.uint16), hit.size)
+    new[-1] ^= 1  # after a gap of thousands of lanes
+    delta = codec.encode_delta(old, new)
+    kernels = codec._kernels()
+    runs = []
+
+    def recorded(dst, gaps, escapes, codes, values, begin, end, *rest):
+        runs.append((begin, end))
+        return real(dst, gaps, escapes, codes, values, begin, end, *rest)
+
+    real = kernels.patch
+    with mock.patch.object(kernels, "patch", recorded):
+        for threads in (1, 2, 3):
+            runs.clear()
+            result = old.copy()
+            codec.apply_delta(result, delta, out=result, threads=threads)
+            assert np.array_equal(result, new)
+            # the runs of changes tile the delta, one per thread
+            assert len(runs) == threads
+            assert sorted(runs)[0][0] == 0 and sorted(runs)[-1][1] == hit.size + 1
+            assert all(a[1] == b[0] for a, b in zip(sorted(runs), sorted(runs)[1:]))
+    with pytest.raises(ValueError, match="threads"):
+        codec.apply_delta(old, delta, threads=0)
 
 
 def test_unchanged_tensor_gives_header_only_delta():
@@ -159,6 +194,23 @@ def test_delta_file_round_trip_over_mixed_dtypes(tmp_path):
     rebuilt = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in base.items()}
     codec.apply_delta_file(rebuilt, delta)
     assert same(rebuilt, target)
+
+
+def test_a_delta_file_with_one_corrupt_tensor_leaves_every_tensor_untouched(tmp_path):
+    """Every blob is checked before any tensor is patched: no half-applied version."""
+    base = make_model()
+    target = step(base, seed=1, fraction=0.3)
+    blobs = codec.make_delta(base, target)
+    name = sorted(blobs)[-1]
+    broken = bytearray(blobs[name])
+    broken[-1] ^= 0x40
+    blobs[name] = bytes(broken)
+    codec.save_delta_file(tmp_path / "d.safetensors", 3, 5, target, blobs)
+    held = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in base.items()}
+    with pytest.raises(CorruptError):
+        codec.apply_delta_file(held, codec.load_delta_file(tmp_path / "d.safetensors"),
+                               threads=2)
+    assert same(held, base)
 
 
 def test_delta_needs_the_same_layout():

@@ -153,21 +153,13 @@ def _popcount(typingctx: object, value: types.Integer) -> tuple:
 
 
 @njit(nogil=True, cache=True)
-def check(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, values: np.ndarray,
-          limit: int) -> int:
-    """The lane of the last change (-1: none), or -2 if a change would reach ``limit``
-    or the side streams do not match the gaps and codes.
-
-    Lanes only ascend, so the last one bounds them all: the check is a sum over the gap
-    bytes. It runs before anything is written, so a delta that does not fit is refused
-    whole instead of half applied.
-    """
-    # eight gap bytes at a time: their sum, and how many are 255 (exact: no carries
-    # cross bytes in either expression)
+def _gap_sums(gaps: np.ndarray, begin: int, end: int) -> tuple:
+    """(sum, count of 255s) of ``gaps[begin:end]``, eight bytes at a time where ``begin``
+    is a multiple of 8 (exact: no carries cross bytes in either expression)."""
     total = np.uint64(0)
     n_escapes = 0
-    words = gaps.size // 8
-    word_view = gaps[: words * 8].view(np.uint64)
+    words = (end - begin) // 8 if begin % 8 == 0 else 0
+    word_view = gaps[begin : begin + words * 8].view(np.uint64)
     low7 = np.uint64(0x7F7F7F7F7F7F7F7F)
     evens = np.uint64(0x00FF00FF00FF00FF)
     for w in range(words):
@@ -177,9 +169,34 @@ def check(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, values: np.n
         inv = ~x  # a 255 byte is a zero byte of ~x
         zero = ~(((inv & low7) + low7) | inv | low7)
         n_escapes += _popcount(zero)
-    for k in range(words * 8, gaps.size):
+    for k in range(begin + words * 8, end):
         total += np.uint64(gaps[k])
         n_escapes += gaps[k] == ESCAPE
+    return total, n_escapes
+
+
+@njit(nogil=True, cache=True)
+def _escaped_codes(codes: np.ndarray, first_word: int, end_word: int) -> int:
+    """How many 2-bit codes are 0 (an escaped move) in ``codes[first_word:end_word]``."""
+    zeros = 0
+    for w in range(first_word, end_word):
+        word = codes[w]
+        nonzero = (word | (word >> np.uint64(1))) & np.uint64(0x5555555555555555)
+        zeros += 32 - _popcount(nonzero)
+    return zeros
+
+
+@njit(nogil=True, cache=True)
+def check(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, values: np.ndarray,
+          limit: int) -> int:
+    """The lane of the last change (-1: none), or -2 if a change would reach ``limit``
+    or the side streams do not match the gaps and codes.
+
+    Lanes only ascend, so the last one bounds them all: the check is a sum over the gap
+    bytes. It runs before anything is written, so a delta that does not fit is refused
+    whole instead of half applied.
+    """
+    total, n_escapes = _gap_sums(gaps, 0, gaps.size)
     total -= np.uint64(ESCAPE) * np.uint64(n_escapes)
     if n_escapes != escapes.size:
         return -2
@@ -194,17 +211,39 @@ def check(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, values: np.n
     n = gaps.size
     if codes.size != (n + 31) // 32:
         return -2
-    zeros = 0
-    for w in range(codes.size):
-        word = codes[w]
-        nonzero = (word | (word >> np.uint64(1))) & np.uint64(0x5555555555555555)
-        zeros += 32 - _popcount(nonzero)
+    zeros = _escaped_codes(codes, 0, codes.size)
     pad = codes.size * 32 - n
     if pad and codes[codes.size - 1] >> np.uint64(2 * (32 - pad)) != 0:
         return -2
     if zeros - pad != values.size:
         return -2
     return np.int64(end) - 1
+
+
+@njit(nogil=True, cache=True)
+def split(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, parts: int) -> np.ndarray:
+    """Where ``parts`` threads each start patching a ``check``-ed delta: one row per part,
+    (first change, lane of the change before it or -1, gap escapes and escaped moves
+    before it), and a last row (count, -1, -1, -1).
+
+    Parts start at multiples of 32 changes, whole words of codes; a sum over the gap
+    bytes and a popcount over the codes before each, one pass over the delta in all.
+    """
+    count = gaps.size
+    rows = np.full((parts + 1, 4), -1, dtype=np.int64)
+    lane, e, v, k = np.int64(-1), 0, 0, 0
+    for part in range(parts):
+        first = (count * part // parts) & ~31
+        total, n_escapes = _gap_sums(gaps, k, first)
+        lane += np.int64(total) - ESCAPE * n_escapes + (first - k)
+        for j in range(e, e + n_escapes):
+            lane += np.int64(escapes[j])
+        e += n_escapes
+        v += _escaped_codes(codes, k >> 5, first >> 5)
+        rows[part, 0], rows[part, 1], rows[part, 2], rows[part, 3] = first, lane, e, v
+        k = first
+    rows[parts, 0] = count
+    return rows
 
 
 #: changes the lane decoder runs ahead of the patches, asking the cache for their lines
@@ -215,9 +254,12 @@ RING = 128
 
 @njit(nogil=True, cache=True)
 def patch(dst: np.ndarray, gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray,
-          values: np.ndarray, count: int, ring: np.ndarray) -> None:
-    """Add the first ``count`` changes (``check``-ed) to u16 array ``dst``; ``escapes``
-    holds one more (unused) slot than the delta's gap escapes, ``ring`` ``RING`` slots.
+          values: np.ndarray, begin: int, end: int, lane: int, e: int, v: int,
+          ring: np.ndarray) -> None:
+    """Add changes ``begin`` to ``end`` of a ``check``-ed delta to u16 array ``dst``;
+    ``lane`` is that of the change before ``begin`` (-1: none), ``e`` and ``v`` the gap
+    escapes and escaped moves before it (``split``). ``escapes`` holds one more (unused)
+    slot than the delta's gap escapes, ``ring`` ``RING`` slots.
 
     At 1% density nearly every change is in another cache line, so the patches are
     bound by their misses. The lane of change k + ``_AHEAD`` is decoded, and its line
@@ -226,12 +268,10 @@ def patch(dst: np.ndarray, gaps: np.ndarray, escapes: np.ndarray, codes: np.ndar
     patch address back.
     """
     mask = RING - 1
-    lane = np.int64(-1)
-    e = 0
-    v = 0
-    for k in range(-_AHEAD, count):
+    lane = np.int64(lane)
+    for k in range(begin - _AHEAD, end):
         ahead = k + _AHEAD
-        if ahead < count:
+        if ahead < end:
             # without a branch: one gap in thirteen escapes, too often to predict
             gap = np.int64(gaps[ahead])
             escaped = gap == ESCAPE
@@ -240,7 +280,7 @@ def patch(dst: np.ndarray, gaps: np.ndarray, escapes: np.ndarray, codes: np.ndar
             lane += gap + 1
             ring[ahead & mask] = lane
             _prefetch(dst, lane)
-        if k < 0:
+        if k < begin:
             continue
         zz = np.uint16((codes[k >> 5] >> np.uint64(2 * (k & 31))) & np.uint64(3))
         if zz == 0:

@@ -25,9 +25,13 @@ the whole delta has been checked, so a delta that does not fit is refused whole.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -229,39 +233,125 @@ def _last_move(d: _Decoded) -> int:
 
 
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
-                out: np.ndarray | None = None) -> np.ndarray:
+                out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place.
 
     Into another buffer, the copy is one ``np.copyto``: a large copy streams past the
     cache, which block-wise copy-and-patch loops cannot, and patching afterwards touches
     only the changed lines.
+
+    A large delta is patched by up to ``threads`` threads (default: the CPUs this
+    process may run on, at most ``MAX_THREADS``), each over its own run of changes. The
+    patches wait on memory, not on arithmetic (nearly every change is in a line of its
+    own), and one core keeps only so many misses in flight: each core adds its own.
     """
-    d = _decode(delta, old.nbytes)
     if out is None:
         out = np.empty(old.shape, dtype=old.dtype)
     elif out.shape != old.shape or out.dtype != old.dtype or not out.flags.c_contiguous:
         raise ValueError("out must be a C-contiguous array of the same shape and dtype as old")
-    count = d.gaps.size
-    half = old.nbytes % 2 == 1 and d.last == old.nbytes // 2
-    if half:
-        # the odd last byte is half a lane, zero-padded: it must stay within its byte
-        moved = (int(_raw_bytes(old)[-1]) + _last_move(d)) & 0xFFFF
-        if moved > 0xFF:
-            raise CorruptError("delta changes a byte past the tensor's odd last byte")
-        count -= 1
+    job = _Patch.of(old, delta)
     if out is not old:
         np.copyto(out, old)
-    dst = out.reshape(-1).view(np.uint8)
-    if half:
-        dst[-1] = moved
-    kernels = _kernels()
-    # the lane decoder reads one escape past the last (and ignores it)
-    escapes = np.empty(d.escapes.size + 1, dtype=np.uint32)
-    escapes[:-1] = d.escapes
-    escapes[-1] = 0
-    kernels.patch(_lanes(dst), d.gaps, escapes, d.codes, d.values, count,
-                  np.empty(kernels.RING, dtype=np.int64))
+    _patch_all([job.into(out)], threads)
     return out
+
+
+@dataclass(frozen=True)
+class _Patch:
+    """A checked delta, ready to patch a tensor; nothing is written until ``_patch_all``."""
+
+    d: _Decoded
+    escapes: np.ndarray  # one slot more than the delta's: the lane decoder reads past
+    count: int  # changes patched by the kernel; an odd last byte's is set apart
+    last_byte: int | None  # the new odd last byte, if the delta changes it
+    dst: np.ndarray | None = None  # the raw bytes to patch
+
+    @classmethod
+    def of(cls, old: np.ndarray, delta: bytes | memoryview | np.ndarray) -> _Patch:
+        d = _decode(delta, old.nbytes)
+        count, last_byte = d.gaps.size, None
+        if old.nbytes % 2 == 1 and d.last == old.nbytes // 2:
+            # the odd last byte is half a lane, zero-padded: it must stay within its byte
+            last_byte = (int(_raw_bytes(old)[-1]) + _last_move(d)) & 0xFFFF
+            if last_byte > 0xFF:
+                raise CorruptError("delta changes a byte past the tensor's odd last byte")
+            count -= 1
+        escapes = np.empty(d.escapes.size + 1, dtype=np.uint32)
+        escapes[:-1] = d.escapes
+        escapes[-1] = 0
+        return cls(d, escapes, count, last_byte)
+
+    def into(self, out: np.ndarray) -> _Patch:
+        return _Patch(self.d, self.escapes, self.count, self.last_byte,
+                      out.reshape(-1).view(np.uint8))
+
+    def parts(self, threads: int) -> list[Callable[[], None]]:
+        """The patch in runs of changes, about one per thread for a large delta (and the
+        odd last byte set, if it changes)."""
+        kernels, d, dst = _kernels(), self.d, self.dst
+        if self.last_byte is not None:
+            dst[-1] = self.last_byte
+        lanes = _lanes(dst)
+        n = max(1, min(self.count // _CHANGES_PER_THREAD, threads))
+        if n == 1:
+            rows = np.array([[0, -1, 0, 0], [self.count, -1, -1, -1]], dtype=np.int64)
+        else:
+            rows = kernels.split(d.gaps[: self.count], d.escapes, d.codes, n)
+
+        def run(part: int) -> None:
+            begin, lane, e, v = (int(x) for x in rows[part])
+            kernels.patch(lanes, d.gaps, self.escapes, d.codes, d.values, begin,
+                          int(rows[part + 1, 0]), lane, e, v,
+                          np.empty(kernels.RING, dtype=np.int64))
+
+        return [functools.partial(run, part) for part in range(n)]
+
+
+def _patch_all(jobs: list[_Patch], threads: int | None) -> None:
+    """Run every job's parts, on up to ``threads`` threads (the caller's among them)."""
+    threads = _threads(threads)
+    parts = [part for job in jobs for part in job.parts(threads)]
+    units, lock = iter(parts), threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                unit = next(units, None)
+            if unit is None:
+                return
+            unit()
+
+    helpers = [_pool().submit(worker) for _ in range(min(threads, len(parts)) - 1)]
+    try:
+        worker()
+    finally:
+        for helper in helpers:
+            helper.result()
+
+
+#: most threads one apply uses; fewest changes worth a thread of their own
+MAX_THREADS = 8
+_CHANGES_PER_THREAD = 1 << 16
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _threads(asked: int | None) -> int:
+    if asked is not None:
+        if asked < 1:
+            raise ValueError(f"threads must be at least 1, not {asked}")
+        return min(asked, MAX_THREADS)
+    return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1, MAX_THREADS)
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads parallel applies share (their kernels release the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="astraflow-delta")
+        return _POOL
 
 
 @dataclass(frozen=True)
@@ -318,11 +408,14 @@ def load_delta_file(path: Path | str) -> DeltaFile:
     return DeltaFile(base, target, layout, {name: t.data for name, t in tensors.items()})
 
 
-def apply_delta_file(tensors: dict[str, st.Tensor], delta: DeltaFile) -> None:
-    """Patch ``tensors`` (writable raw bits of version ``delta.base_version``) in place."""
+def apply_delta_file(tensors: dict[str, st.Tensor], delta: DeltaFile,
+                     threads: int | None = None) -> None:
+    """Patch ``tensors`` (writable raw bits of version ``delta.base_version``) in place,
+    tensors and runs of a large tensor's changes side by side on up to ``threads``."""
     if layout_of(tensors) != delta.layout:
         raise ValueError(f"delta {delta.base_version}->{delta.target_version} expects another "
                          "tensor layout than the local copy")
-    for name, blob in delta.blobs.items():
-        data = tensors[name].data
-        apply_delta(data, blob, out=data)
+    # every blob is checked before any tensor is written: a corrupt one refuses the file
+    jobs = [_Patch.of(tensors[name].data, blob) for name, blob in delta.blobs.items()]
+    _patch_all([job.into(tensors[name].data) for job, name in zip(jobs, delta.blobs,
+                                                                  strict=True)], threads)
