@@ -246,10 +246,13 @@ def split(gaps: np.ndarray, escapes: np.ndarray, codes: np.ndarray, parts: int) 
     return rows
 
 
-#: changes the lane decoder runs ahead of the patches, asking the cache for their lines
-_AHEAD = 64
+#: changes the lane decoder runs ahead of the patches, asking the cache for their lines.
+#: A core keeps only so many misses in flight (its line-fill buffers); 16 ahead covers
+#: them, and a longer lead only adds work: on a 2-core AMD EPYC (1 GiB, 1% changed) the
+#: patch took 48 ms at 12-16 ahead, 51 ms at 32, 53 ms at 64.
+_AHEAD = 16
 #: slots of the ring that carries decoded lanes from the decoder to the patches
-RING = 128
+RING = 32
 
 
 @njit(nogil=True, cache=True)
