@@ -24,6 +24,17 @@ tensors of the version it holds, ``apply_delta_file``). Into another buffer and 
 new array are reported beside it; the latter is mostly the kernel faulting in a fresh
 1 GiB for either contender (and, with transparent huge pages, compacting memory for it).
 
+Two more figures bound what the apply can gain on the machine at hand:
+
+* ``touch_floor``: a bare compiled loop that adds each change's move to its lane from a
+  ready-made u64 list of positions (prefetching as far ahead as the codec's patch), no
+  decoding at all.
+  Both in-place applies are bound by the same line misses; reference / floor is the
+  most any single-threaded in-place apply could gain over the reference here;
+* ``apply_in_place_threads``: the in-place apply with its default threads (the CPUs this
+  process may use), against the single-threaded reference, in *wall* time (its CPU time
+  is the sum over threads). Each core keeps its own misses in flight.
+
 Usage: python bench/weights.py [--gib 1.0] [--rounds 7]; writes bench/results/weights.json.
 """
 
@@ -39,8 +50,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
-from astraflow.weights.codec import apply_delta, encode_delta
+from astraflow.weights._kernels import _AHEAD, _prefetch
+from astraflow.weights.codec import _threads, apply_delta, encode_delta
 
 RESULTS = Path(__file__).parent / "results" / "weights.json"
 TARGETS = {"encode_speedup_vs_reference": 2.0, "apply_speedup_vs_reference": 2.0,
@@ -78,6 +91,15 @@ def reference_apply(old: np.ndarray, delta: bytes, out: np.ndarray | None) -> np
         np.copyto(out, old)
     out[idx] = values
     return out
+
+
+@njit(nogil=True)
+def touch(dst: np.ndarray, positions: np.ndarray, moves: np.ndarray) -> None:
+    """The floor of an in-place apply: each move added to its lane, nothing decoded."""
+    for k in range(positions.size):
+        if k + _AHEAD < positions.size:
+            _prefetch(dst, positions[k + _AHEAD])
+        dst[positions[k]] += moves[k]
 
 
 class Contender:
@@ -127,17 +149,27 @@ def main() -> None:
     def reset() -> None:
         np.copyto(out, old)
 
+    positions = np.flatnonzero(old != new).astype(np.uint64)
+    moves = new[positions] - old[positions]
+    np.copyto(out, old)
+    touch(out, positions, moves)
+    assert np.array_equal(out, new)
+    threads = _threads(None)
+
     contenders = {  # one group of interleaved rounds each
         "memcpy": Contender(lambda: np.copyto(out, old)),
         "encode": Contender(lambda: encode_delta(old, new)),
         "reference_encode": Contender(lambda: reference_encode(old, new)),
-        "apply_into_buffer": Contender(lambda: apply_delta(old, delta, out=out)),
+        "apply_into_buffer": Contender(lambda: apply_delta(old, delta, out=out, threads=1)),
         "reference_apply_into_buffer": Contender(lambda: reference_apply(old, ref, out)),
-        "apply_in_place": Contender(lambda: apply_delta(out, delta, out=out), reset),
+        "apply_in_place": Contender(lambda: apply_delta(out, delta, out=out, threads=1),
+                                    reset),
         "reference_apply_in_place": Contender(lambda: reference_apply(out, ref, out), reset),
+        "touch_floor": Contender(lambda: touch(out, positions, moves), reset),
+        "apply_in_place_threads": Contender(lambda: apply_delta(out, delta, out=out), reset),
     }
     fresh_memory = {
-        "apply_new_array": Contender(lambda: apply_delta(old, delta)),
+        "apply_new_array": Contender(lambda: apply_delta(old, delta, threads=1)),
         "reference_apply_new_array": Contender(lambda: reference_apply(old, ref, None)),
     }
     for group in (contenders, fresh_memory):
@@ -154,6 +186,7 @@ def main() -> None:
     random_delta = encode_delta(old, random_new)
 
     cpu = {name: statistics.median(c.cpu) for name, c in contenders.items()}
+    wall = {name: statistics.median(c.wall) for name, c in contenders.items()}
     gbps = {name: nbytes / t / 1e9 for name, t in cpu.items()}
     results: dict[str, object] = {
         "buffer_bytes": nbytes, "dtype": "BF16", "unchanged_fraction": unchanged,
@@ -166,6 +199,11 @@ def main() -> None:
         **{f"apply_speedup_vs_reference_{kind}": cpu[f"reference_apply_{kind}"]
            / cpu[f"apply_{kind}"] for kind in ("into_buffer", "new_array", "in_place")},
         "apply_speedup_vs_reference": cpu["reference_apply_in_place"] / cpu["apply_in_place"],
+        "touch_floor_speedup_vs_reference": cpu["reference_apply_in_place"]
+        / cpu["touch_floor"],
+        "apply_threads": threads,
+        "apply_threads_speedup_vs_reference_wall": wall["reference_apply_in_place"]
+        / wall["apply_in_place_threads"],
         "payload_fraction": len(delta) / nbytes,
         "reference_payload_fraction": len(ref) / nbytes,
         "payload_fraction_random_values": len(random_delta) / nbytes,
@@ -195,6 +233,12 @@ def main() -> None:
     for kind in ("in_place", "into_buffer", "new_array"):
         row(f"apply {kind.replace('_', ' ')}", f"apply_{kind}", f"reference_apply_{kind}",
             "   (the target: nodes apply in place)" if kind == "in_place" else "")
+    print(f"touch floor          {gbps['touch_floor']:6.2f} GB/s   reference x"
+          f"{results['touch_floor_speedup_vs_reference']:.2f} (the most a 1-thread in-place "
+          "apply can gain here)")
+    print(f"apply in place, {threads} threads  x"
+          f"{results['apply_threads_speedup_vs_reference_wall']:.2f} the 1-thread reference "
+          "(wall time)")
     print(f"payload              {results['payload_fraction']:.3%} of the bf16 bytes   reference "
           f"{results['reference_payload_fraction']:.3%}   random new values "
           f"{results['payload_fraction_random_values']:.3%}")
