@@ -7,7 +7,7 @@ import threading
 import time
 
 import numpy as np
-from conftest import TOKEN
+from dataflow_helpers import TOKEN
 
 from astraflow.weights import safetensors_io as st
 from astraflow.weights.client import HttpPublishTarget
