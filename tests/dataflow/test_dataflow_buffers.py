@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import httpx
 import pytest
-from dataflow_helpers import group, make_trajectory
+from dataflow_helpers import TOKEN, group, make_trajectory
 
 from astraflow.dataflow.client import DataflowError
 from astraflow.types import Task
@@ -34,6 +37,51 @@ def test_stale_trajectories_are_dropped_and_counted(start_server, connect):
     assert min(i.trajectory.min_version for i in batch.items) == 1
     with pytest.raises(DataflowError, match="only move forward"):
         c.announce_version("policy", 1)
+
+
+def test_stale_drops_are_counted_per_rollout_pool_across_a_restart(start_server, connect):
+    """Operators see which pool lags: drops on arrival and on a version bump, by pool."""
+    settings = dict(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2)
+    server = start_server(**settings)
+    fast, slow = connect(server), connect(server)
+    fast.register("raas", pool="gpu-fast")
+    slow.register("raas", pool="cpu, far away")  # pool names are free text
+    _lease_and_submit(fast, lambda t: group(t, [0.0, 1.0], version=1))
+    _lease_and_submit(slow, lambda t: group(t, [1.0, 0.0], version=0))
+    fast.announce_version("policy", 2)  # the slow pool's version-0 samples go
+    assert fast.status()["policies"]["policy"]["dropped_stale_by_pool"] == {"cpu, far away": 2}
+    server.stop()
+
+    server = start_server(**settings)  # the counts and each buffered item's pool persist
+    fast, slow = connect(server), connect(server)
+    fast.register("raas", pool="gpu-fast")
+    slow.register("raas", pool="cpu, far away")
+    out = _lease_and_submit(slow, lambda t: group(t, [1.0, 0.0], version=0))
+    assert out["dropped_stale"] == 2  # dropped on arrival
+    fast.announce_version("policy", 3)  # the fast pool's buffered version-1 samples go
+    st = fast.status()["policies"]["policy"]
+    assert st["dropped_stale_by_pool"] == {"cpu, far away": 4, "gpu-fast": 2}
+    assert st["dropped_stale"] == 6
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    assert 'astraflow_dropped_stale_total{policy="policy",pool="cpu, far away"} 4' in text
+
+
+def test_a_store_from_before_per_pool_counts_keeps_its_items(start_server, connect,
+                                                               tmp_path):
+    settings = dict(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2)
+    server = start_server(**settings)
+    c = connect(server)
+    c.register("raas", pool="gpu")
+    _lease_and_submit(c, lambda t: group(t, [0.0, 1.0], version=0))
+    server.stop()
+    with sqlite3.connect(tmp_path / "store" / "dataflow.sqlite3") as conn:
+        conn.execute("ALTER TABLE items DROP COLUMN pool")  # as the older store was
+
+    server = start_server(**settings)
+    c = connect(server)
+    assert c.status()["policies"]["policy"]["buffered"] == 2
+    c.announce_version("policy", 2)
+    assert c.status()["policies"]["policy"]["dropped_stale_by_pool"] == {"unknown": 2}
 
 
 def test_admission_control_applies_backpressure(start_server, connect):

@@ -4,6 +4,7 @@ trainer waits no longer per step than in the same run without it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,8 +67,13 @@ def test_remote_pool_behind_a_shaped_link_feeds_every_iteration(tmp_path, tiny_m
     steps = [r for r in both if r["step"] >= batches[0]]
     wait_local = sum(r["wait_seconds"] for r in local[1:]) / len(local[1:])
     wait_both = sum(r["wait_seconds"] for r in steps) / len(steps)
-    dropped = ledger(tmp_path / "both").get("dropped_stale:policy", 0)
+    counts = ledger(tmp_path / "both")
+    dropped = counts.get("dropped_stale:policy", 0)
+    # every stale drop is put down to the pool that produced it
+    by_pool = {json.loads(k.split(":", 1)[1])[1]: n for k, n in counts.items()
+               if k.startswith("dropped_stale_pool:")}
+    assert sum(by_pool.values()) == dropped, (by_pool, dropped)
     print(f"cross-region ({link.shaping}): steps {batches[0]}..{STEPS} each held remote "
           f"trajectories; trainer wait per step {wait_both:.3f} s with the remote pool, "
-          f"{wait_local:.3f} s local-only; {dropped} samples dropped as stale")
+          f"{wait_local:.3f} s local-only; {dropped} samples dropped as stale {by_pool}")
     assert wait_both <= WAIT_BOUND * wait_local

@@ -48,6 +48,15 @@ from astraflow.types import Task, Trajectory
 
 log = logging.getLogger("astraflow.dataflow")
 STORE_ERRORS = (OSError, sqlite3.Error)
+#: the pool of a trajectory whose node registered none, or is gone (or from an old store)
+UNKNOWN_POOL = "unknown"
+#: counters of stale drops per (policy, pool); the rest of the name is JSON
+_STALE_BY_POOL = "dropped_stale_pool:"
+
+
+def _stale_key(policy: str, pool: str) -> str:
+    # JSON: pool names are free text, so no separator could be safe
+    return _STALE_BY_POOL + json.dumps([policy, pool])
 
 
 class ServiceError(Exception):
@@ -90,6 +99,8 @@ class ItemRec(NamedTuple):
     min_version: int
     #: where the payload lies in the payload log
     loc: Location
+    #: the rollout pool of the node that produced it
+    pool: str
 
 
 @dataclass
@@ -232,15 +243,16 @@ class DataflowService:
         self.next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
         self._load_payloads()
         served: dict[str, list[int]] = {}
-        for (item_id, policy, task_id, group_id, state, batch_id, min_version,
+        for (item_id, policy, task_id, group_id, state, batch_id, min_version, pool,
              *loc) in conn.execute(
-            "SELECT id, policy, task_id, group_id, state, batch_id, min_version, "
+            "SELECT id, policy, task_id, group_id, state, batch_id, min_version, pool, "
             "seg, off, len, crc FROM items ORDER BY id"
         ):
             self.next_item = item_id + 1
             if policy not in self.policies:
                 continue
-            rec = ItemRec(item_id, policy, task_id, group_id, min_version, tuple(loc))
+            rec = ItemRec(item_id, policy, task_id, group_id, min_version, tuple(loc),
+                          pool or UNKNOWN_POOL)
             if state == FRESH:
                 self.fresh[policy][item_id] = rec
             elif state == SERVED:
@@ -753,7 +765,7 @@ class DataflowService:
         node_id = req.node_id or rec.node_id
         node = self.nodes.get(node_id or "")
         labels = node.labels if node else {}
-        pool = labels.get("pool", "unknown")
+        pool = labels.get("pool", UNKNOWN_POOL)
         now = time.time()
         stamp = {
             "task_type": rec.task.get("task_type", "default"),
@@ -793,10 +805,11 @@ class DataflowService:
             for ct, advantage in zip(members, group_advantages(rewards), strict=True):
                 if self._stale(policy, ct.min_version):
                     deltas[f"dropped_stale:{policy}"] += 1
+                    deltas[_stale_key(policy, pool)] += 1
                     dropped += 1
                     continue
                 rows.append((self.next_item, policy, rec.task_id, group_id, FRESH,
-                             ct.min_version))
+                             ct.min_version, pool))
                 self.next_item += 1
                 payloads.append(ct.payload(advantage, {**ct.metadata, **meta}))
                 deltas[f"accepted:{policy}"] += 1
@@ -804,12 +817,13 @@ class DataflowService:
         plugins = self._plugin_updates()
         # the payloads are written before the rows that point at them are committed
         locs = self.store.payloads.append(payloads) if payloads else []
-        items = [ItemRec(*row[:4], row[5], loc) for row, loc in zip(rows, locs, strict=True)]
+        items = [ItemRec(*row[:4], row[5], loc, row[6])
+                 for row, loc in zip(rows, locs, strict=True)]
 
         def job(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                "INSERT INTO items(id, policy, task_id, group_id, state, min_version, "
-                "seg, off, len, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO items(id, policy, task_id, group_id, state, min_version, pool, "
+                "seg, off, len, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [row + loc for row, loc in zip(rows, locs, strict=True)],
             )
             conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (rec.task_id,))
@@ -1048,6 +1062,7 @@ class DataflowService:
         for item in stale:
             del self.fresh[policy][item.id]
         deltas = Counter({f"dropped_stale:{policy}": len(stale)})
+        deltas.update(_stale_key(policy, item.pool) for item in stale)
         # consumed items too old to be replayed go as well (trained on, so not counted)
         pool = self.replayable[policy]
         too_old = [r for r in pool.values() if self._stale(policy, r.min_version)]
@@ -1083,9 +1098,20 @@ class DataflowService:
                 sizes[pool] = sizes.get(pool, 0) + 1
         return sizes
 
+    def stale_by_pool(self) -> dict[str, dict[str, int]]:
+        """Stale drops per policy and rollout pool: which pool lags too far behind."""
+        out: dict[str, dict[str, int]] = {p: {} for p in self.policies}
+        for name, n in self.counters.items():
+            if name.startswith(_STALE_BY_POOL) and n:
+                policy, pool = json.loads(name[len(_STALE_BY_POOL):])
+                if policy in out:
+                    out[policy][pool] = n
+        return out
+
     def status(self) -> dict[str, Any]:
         c = self.counters
         now = time.monotonic()
+        stale_by_pool = self.stale_by_pool()
         nodes = [
             {
                 "node_id": n.node_id,
@@ -1113,6 +1139,7 @@ class DataflowService:
                 "replayable": len(self.replayable[p]),
                 "outstanding_batches": sum(1 for k in self.outstanding if k[0] == p),
                 "trainer_gone": self._orphaned(p),
+                "dropped_stale_by_pool": stale_by_pool[p],
                 **{
                     name: c[f"{name}:{p}"]
                     for name in ("accepted", "filtered", "consumed", "dropped_stale",
@@ -1186,4 +1213,11 @@ class DataflowService:
                   "# TYPE astraflow_pool_nodes gauge"]
         for pool, info in st["pools"].items():
             lines.append(f'astraflow_pool_nodes{{pool="{_label(pool)}"}} {info["nodes"]}')
+        lines += ["# HELP astraflow_dropped_stale_total Stale trajectories dropped per policy "
+                  "and the rollout pool that produced them.",
+                  "# TYPE astraflow_dropped_stale_total counter"]
+        for policy, info in st["policies"].items():
+            for pool, n in sorted(info["dropped_stale_by_pool"].items()):
+                lines.append(f'astraflow_dropped_stale_total{{policy="{_label(policy)}",'
+                             f'pool="{_label(pool)}"}} {n}')
         return "\n".join(lines) + "\n"

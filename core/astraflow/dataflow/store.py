@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS tasks(
 CREATE TABLE IF NOT EXISTS items(
     id INTEGER PRIMARY KEY, policy TEXT NOT NULL, task_id TEXT NOT NULL, group_id TEXT NOT NULL,
     state INTEGER NOT NULL, batch_id TEXT, min_version INTEGER NOT NULL, payload BLOB,
-    seg INTEGER, off INTEGER, len INTEGER, crc INTEGER);
+    seg INTEGER, off INTEGER, len INTEGER, crc INTEGER, pool TEXT);
 DROP INDEX IF EXISTS items_batch;
 CREATE INDEX IF NOT EXISTS items_served ON items(batch_id) WHERE batch_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS batches(
@@ -105,6 +105,9 @@ class Store:
                 "min_version, payload FROM items_legacy; DROP TABLE items_legacy; COMMIT;"
             )
         self.conn.executescript(SCHEMA)
+        if "pool" not in {row[1] for row in self.conn.execute("PRAGMA table_info(items)")}:
+            # a store from before per-pool accounting: its items' pools are unknown
+            self.conn.execute("ALTER TABLE items ADD COLUMN pool TEXT")
         self.payloads = PayloadLog(directory / "payloads")
         #: payload bytes reach the disk before the commit that points at them
         self._sync_payloads = not self.inline

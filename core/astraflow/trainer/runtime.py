@@ -151,6 +151,9 @@ class TrainerRuntime:
                 # every rollout this policy's nodes produced so far, kept or not
                 "generated": sum(produced[k] for k in GENERATED),
                 **{f"pool/{name}": n for name, n in sorted(pools.items())},
+                # and, run so far, how many each pool's lag cost (dropped as too stale)
+                **{f"dropped_stale/{name}": n for name, n
+                   in sorted(produced.get("dropped_stale_by_pool", {}).items())},
             })
             t0 = time.time()
         final = self.work_dir / "final" / self.policy
