@@ -301,8 +301,7 @@ class _Patch:
         def run(part: int) -> None:
             begin, lane, e, v = (int(x) for x in rows[part])
             kernels.patch(lanes, d.gaps, self.escapes, d.codes, d.values, begin,
-                          int(rows[part + 1, 0]), lane, e, v,
-                          np.empty(kernels.RING, dtype=np.int64))
+                          int(rows[part + 1, 0]), lane, e, v)
 
         return [functools.partial(run, part) for part in range(n)]
 
