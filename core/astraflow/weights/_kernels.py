@@ -59,39 +59,33 @@ def _ne_mask(typingctx: object, a: types.Array, b: types.Array, start: types.Int
     return types.uint64(a, b, types.intp), codegen
 
 
-@intrinsic
-def _prefetch(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
-    """Hint that ``a[index]`` is read soon (prefetcht0); a hint never faults."""
-    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte = ir.IntType(8).as_pointer()
-        ptr = builder.bitcast(builder.gep(data, [args[1]]), byte)
-        i32 = ir.IntType(32)
-        fn = builder.module.globals.get("llvm.prefetch.p0") or ir.Function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-            name="llvm.prefetch.p0")
-        # read, keep in all cache levels, data cache
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(a, types.intp), codegen
+def _prefetcher(locality: int, doc: str) -> object:
+    """An intrinsic hinting that ``a[index]`` is read soon, into the cache levels that
+    ``locality`` names (LLVM's: 3 all of them, 2 L2 and outer); a hint never faults."""
+    @intrinsic
+    def prefetch(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
+        def codegen(context: object, builder: ir.IRBuilder, signature: object,
+                    args: list) -> object:
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            byte = ir.IntType(8).as_pointer()
+            ptr = builder.bitcast(builder.gep(data, [args[1]]), byte)
+            i32 = ir.IntType(32)
+            fn = builder.module.globals.get("llvm.prefetch.p0") or ir.Function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+                name="llvm.prefetch.p0")
+            # read, locality, data cache
+            builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+        return types.void(a, types.intp), codegen
+    prefetch.__doc__ = doc
+    return prefetch
 
 
-@intrinsic
-def _prefetch_l2(typingctx: object, a: types.Array, index: types.Integer) -> tuple:
-    """Hint that ``a[index]`` is read, from L2 or further (prefetcht1): unlike an L1
-    hint, it holds none of the L1 cache's miss buffers while the line is on its way."""
-    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte = ir.IntType(8).as_pointer()
-        ptr = builder.bitcast(builder.gep(data, [args[1]]), byte)
-        i32 = ir.IntType(32)
-        fn = builder.module.globals.get("llvm.prefetch.p0") or ir.Function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-            name="llvm.prefetch.p0")
-        # read, locality 2 (L2 and outer levels), data cache
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(a, types.intp), codegen
+_prefetch = _prefetcher(3, "Hint that ``a[index]`` is read soon (prefetcht0).")
+_prefetch_l2 = _prefetcher(
+    2, "Hint that ``a[index]`` is read, from L2 or further (prefetcht1): unlike an L1 "
+    "hint, it holds none of the L1 cache's miss buffers while the line is on its way.")
 
 
 #: lanes (4 KiB) ahead of its compare that the scan asks the cache for
