@@ -24,6 +24,12 @@ class VLLMConfig:
     # tiny model; set false on a GPU node serving a real one.
     enforce_eager: bool = True
     seed: int = 0  # sampling seed of requests that carry none
+    # CPU cores the engine's compute threads are pinned to (vLLM's
+    # VLLM_CPU_OMP_THREADS_BIND): "nobind" leaves them to the OS scheduler, "auto" lets
+    # vLLM pin them, or a list such as "2-7". vLLM's "auto" pins every engine on a host
+    # to the same first cores, so a node and an evaluator (or two nodes) on one machine
+    # would share one core while the others idle. null: the environment's setting.
+    cpu_threads_bind: str | None = "nobind"
     shutdown_timeout: float = 30.0  # seconds the engine processes get to exit cleanly
 
 

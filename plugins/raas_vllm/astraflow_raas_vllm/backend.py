@@ -23,6 +23,8 @@ import uuid
 from multiprocessing import resource_tracker
 from typing import Any
 
+import psutil
+
 from astraflow.contracts import RolloutBackend
 from astraflow.types import Generation, GenerationRequest
 
@@ -64,6 +66,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self.engine: AsyncLLM | None = None
         self._shapes: dict[str, list[int]] = {}
         self._owns_tracker = False
+        self._processes: list[psutil.Process] = []
 
     async def start(self) -> None:
         cfg = self.config
@@ -71,6 +74,8 @@ class VLLMRolloutBackend(RolloutBackend):
         # vLLM spawns its engine core through multiprocessing, which starts the
         # interpreter-wide resource tracker if nothing has yet; we stop it on shutdown.
         self._owns_tracker = resource_tracker._resource_tracker._fd is None
+        if cfg.cpu_threads_bind is not None:  # read by the engine processes vLLM spawns
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         args = AsyncEngineArgs(
             model=self.model_path,
             skip_tokenizer_init=True,  # token in, token out: nothing to detokenize
@@ -88,7 +93,13 @@ class VLLMRolloutBackend(RolloutBackend):
             generation_config="vllm",  # the request's sampling settings, not the model's
             disable_log_stats=True,
         )
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         self.engine = AsyncLLM.from_engine_args(args)
+        # the engine core and its workers, all up once the engine answers (not the
+        # resource tracker: ``shutdown`` stops it, and it must find it unreaped)
+        before.add(resource_tracker._resource_tracker._pid)
+        self._processes = [p for p in psutil.Process().children(recursive=True)
+                           if p.pid not in before]
         await self.engine.update_weight_version(str(self.version))
 
     def _engine(self) -> AsyncLLM:
@@ -160,5 +171,15 @@ class VLLMRolloutBackend(RolloutBackend):
             return
         # joins the engine core, which first waits for its worker processes
         engine.shutdown(timeout=self.config.shutdown_timeout)
+        # A worker whose engine core died stays behind, orphaned, holding the resource
+        # tracker's pipe: stopping the tracker would wait for it forever.
+        processes, self._processes = self._processes, []
+        left = [p for p in processes if p.is_running()]
+        for process in left:
+            process.terminate()
+        _, alive = psutil.wait_procs(left, timeout=5)
+        for process in alive:
+            process.kill()
+        psutil.wait_procs(alive, timeout=5)
         if self._owns_tracker:
             resource_tracker._resource_tracker._stop()

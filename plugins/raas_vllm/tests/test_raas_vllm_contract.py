@@ -56,7 +56,55 @@ class TestVLLMRolloutContract(RolloutBackendContract):
         gens = loop.run(backend.generate(self._req(tiny_model_dir, n=2)))
         assert [g.version for g in gens] == [version, version]
 
+    def test_engine_threads_may_run_on_every_core(self, engine):
+        """vLLM's own default pins every engine on a host to the same first core: a node
+        and an evaluator side by side would share it while the other cores idle."""
+        import psutil
+
+        allowed = os.sched_getaffinity(0)
+        workers = [p for p in psutil.Process().children(recursive=True)
+                   if "Worker" in p.name()]
+        assert workers
+        for worker in workers:
+            assert set(worker.cpu_affinity()) == allowed
+
     def test_greedy_with_n_returns_n_identical_samples(self, engine, tiny_model_dir):
         loop, backend = engine
         gens = loop.run(backend.generate(self._req(tiny_model_dir, temperature=0.0, n=3)))
         assert len(gens) == 3 and gens[0] == gens[1] == gens[2]
+
+
+def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_model_dir):
+    """The engine core killed (as by the OOM killer) while its worker is stuck (as in a
+    long kernel compile) orphans the worker, which holds the resource tracker's pipe: a
+    node or evaluator shutting down must not wait on it forever, and must leave no
+    engine process behind."""
+    import signal
+    import threading
+
+    import psutil
+    from omegaconf import OmegaConf
+
+    from astraflow.plugins import get_registry
+    from astraflow.testing import wait_until
+    from astraflow.testing.engine import LoopThread
+
+    entry = get_registry().get("rollout_backend", "vllm")
+    backend = entry.create(OmegaConf.structured(entry.config_cls), tiny_model_dir)
+    loop = LoopThread()
+    loop.run(backend.start())
+    engine_processes = psutil.Process().children(recursive=True)
+    names = {p.pid: p.name() for p in engine_processes}
+    [core] = [p for p in engine_processes if "EngineCore" in names[p.pid]]
+    [worker] = [p for p in engine_processes if "Worker" in names[p.pid]]
+    worker.send_signal(signal.SIGSTOP)  # stuck: it cannot notice that its core died
+    core.send_signal(signal.SIGKILL)
+    wait_until(lambda: not core.is_running() or core.status() == psutil.STATUS_ZOMBIE, 30,
+               "the engine core to die")
+    done = threading.Event()
+    threading.Thread(target=lambda: (loop.run(backend.shutdown()), done.set()),
+                     daemon=True).start()
+    wait_until(done.is_set, 120, "shutdown to return after the engine core died")
+    loop.close()
+    assert not [p for p in engine_processes
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
