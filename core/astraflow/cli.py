@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         print("Commands:", ", ".join(sorted(COMMANDS)))
         sys.exit(0)
     name = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
+    if name != "run":
+        from astraflow.launch.local import end_with_launcher
+
+        end_with_launcher()
     try:
         code = COMMANDS[name](argv)
     except AstraFlowError as exc:

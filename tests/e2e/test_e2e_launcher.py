@@ -89,3 +89,24 @@ def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
     assert launcher.returncode == 130, err[-2000:]
     assert "stopping every component" in err
     assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_components_end_when_the_launcher_is_killed(tmp_path, tiny_model_dir):
+    """A SIGKILL gives the launcher no chance to stop anything: the components notice
+    that it is gone and end themselves, instead of running on with nobody to stop them."""
+    from astraflow.testing import wait_until
+
+    run_dir = tmp_path / "killed"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
+         "steps=100000", "batch_size=8", "group_size=4", "launcher.progress=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    metrics = run_dir / "metrics" / "train-policy.jsonl"
+    wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300,
+               "training to start", process=launcher)
+    assert len(_processes_mentioning(str(run_dir))) >= 4  # data layer, trainer, eval, node
+    launcher.kill()
+    launcher.wait(timeout=30)
+    wait_until(lambda: _processes_mentioning(str(run_dir)) == [], 120,
+               "every component to end after the launcher was killed")

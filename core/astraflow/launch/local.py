@@ -4,9 +4,11 @@ each a subprocess of ``python -m astraflow``; live progress; a run directory.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +57,25 @@ class Child:
         return self.proc.returncode == 0 and self.name.startswith(("trainer-", "eval-"))
 
 
+#: the launcher's pid, in the environment of the components it starts
+LAUNCHER_ENV = "ASTRAFLOW_LAUNCHER_PID"
+
+
+def end_with_launcher() -> None:
+    """In a component the launcher started: SIGTERM when the launcher dies, however it
+    dies (a SIGKILL included), so that no component outlives its run. Done by the
+    component itself at start-up, not between fork and exec, where the launcher's other
+    threads may hold locks that the call would need."""
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if launcher is None:
+        return
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(launcher):  # it died before the request took effect
+        sys.exit("astraflow: the launcher that started this component has exited")
+
+
 @dataclass
 class LocalRun:
     cfg: DictConfig
@@ -66,7 +87,7 @@ class LocalRun:
     def spawn(self, name: str, *args: str) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **{TOKEN_ENV: self.token})
+        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid())})
         env.setdefault("OMP_NUM_THREADS", "1")
         with log.open("ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
