@@ -84,15 +84,21 @@ def reference_encode(old: np.ndarray, new: np.ndarray) -> bytes:
     return header + idx.tobytes() + new[idx].tobytes()
 
 
-def reference_apply_threads(out: np.ndarray, delta: bytes, pool: ThreadPoolExecutor,
-                            threads: int) -> None:
-    """The reference applied in place by ``threads`` threads, each scattering its own run
-    of changes (numpy lets go of the GIL while it scatters)."""
+def reference_changes(delta: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The positions and new values of a reference-format delta (views, no copy)."""
     count, _, flags, _ = struct.unpack_from("<QHHi", delta)
     width = 8 if flags & 1 else 4
     idx = np.frombuffer(delta, dtype=f"<u{width}", count=count, offset=16)
     values = np.frombuffer(delta, dtype="<u2", count=count, offset=16 + width * count)
-    bounds = [count * part // threads for part in range(threads + 1)]
+    return idx, values
+
+
+def reference_apply_threads(out: np.ndarray, delta: bytes, pool: ThreadPoolExecutor,
+                            threads: int) -> None:
+    """The reference applied in place by ``threads`` threads, each scattering its own run
+    of changes (numpy lets go of the GIL while it scatters)."""
+    idx, values = reference_changes(delta)
+    bounds = [idx.size * part // threads for part in range(threads + 1)]
 
     def run(a: int, b: int) -> None:
         out[idx[a:b]] = values[a:b]
@@ -102,10 +108,7 @@ def reference_apply_threads(out: np.ndarray, delta: bytes, pool: ThreadPoolExecu
 
 
 def reference_apply(old: np.ndarray, delta: bytes, out: np.ndarray | None) -> np.ndarray:
-    count, _, flags, _ = struct.unpack_from("<QHHi", delta)
-    width = 8 if flags & 1 else 4
-    idx = np.frombuffer(delta, dtype=f"<u{width}", count=count, offset=16)
-    values = np.frombuffer(delta, dtype="<u2", count=count, offset=16 + width * count)
+    idx, values = reference_changes(delta)
     if out is None:
         out = old.copy()
     elif out is not old:

@@ -69,21 +69,29 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
-    import signal
-
+def _start_endless_run(run_dir, tiny_model_dir, output) -> subprocess.Popen:
+    """A launcher on a run too long to end by itself, returned once it is training with
+    every component up."""
     from astraflow.testing import wait_until
 
-    run_dir = tmp_path / "interrupted"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
          "steps=100000", "batch_size=8", "group_size=4", "launcher.progress=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=output, stderr=output, text=True,
     )
     metrics = run_dir / "metrics" / "train-policy.jsonl"
     wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300,
                "training to start", process=launcher)
     assert len(_processes_mentioning(str(run_dir))) >= 4  # data layer, trainer, eval, node
+    return launcher
+
+
+def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
+    import signal
+
+
+    run_dir = tmp_path / "interrupted"
+    launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.PIPE)
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 130, err[-2000:]
@@ -97,15 +105,7 @@ def test_components_end_when_the_launcher_is_killed(tmp_path, tiny_model_dir):
     from astraflow.testing import wait_until
 
     run_dir = tmp_path / "killed"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
-         "steps=100000", "batch_size=8", "group_size=4", "launcher.progress=false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    metrics = run_dir / "metrics" / "train-policy.jsonl"
-    wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300,
-               "training to start", process=launcher)
-    assert len(_processes_mentioning(str(run_dir))) >= 4  # data layer, trainer, eval, node
+    launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.DEVNULL)
     launcher.kill()
     launcher.wait(timeout=30)
     wait_until(lambda: _processes_mentioning(str(run_dir)) == [], 120,

@@ -15,6 +15,7 @@ mislabel them.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -176,10 +177,12 @@ class VLLMRolloutBackend(RolloutBackend):
         processes, self._processes = self._processes, []
         left = [p for p in processes if p.is_running()]
         for process in left:
-            process.terminate()
+            with contextlib.suppress(psutil.NoSuchProcess):  # it may end meanwhile
+                process.terminate()
         _, alive = psutil.wait_procs(left, timeout=5)
         for process in alive:
-            process.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         psutil.wait_procs(alive, timeout=5)
         if self._owns_tracker:
             resource_tracker._resource_tracker._stop()
