@@ -27,10 +27,11 @@ from astraflow_trainer_hf import HFConfig
 from astraflow_trainer_hf.backend import HFTrainerBackend
 
 from astraflow.config import ModelConfig
-from astraflow.models.tiny import TextTokenizer, load_tokenizer, make_tiny_model
+from astraflow.models.tiny import make_tiny_model
 from astraflow.rl.advantages import group_advantages
 from astraflow.tasks.arithmetic import ArithmeticTasks
 from astraflow.testing.trainer import with_behaviour_logprobs
+from astraflow.text import TextTokenizer, load_tokenizer
 from astraflow.types import PROMPT, Batch, Span, Task, TrainItem, Trajectory
 
 RESULTS = Path(__file__).parent / "results" / "bf16_sparsity.json"

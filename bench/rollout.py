@@ -35,9 +35,10 @@ from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
 from astraflow.config import ModelConfig, compose_config
-from astraflow.models.tiny import load_tokenizer, make_tiny_model
+from astraflow.models.tiny import make_tiny_model
 from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy
+from astraflow.text import load_tokenizer
 from astraflow.types import GenerationRequest, Task
 
 Work = Callable[[], Awaitable[int]]  # one run of a workload; returns tokens generated

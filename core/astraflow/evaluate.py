@@ -19,8 +19,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from astraflow.components import build_workflow, role_map
+from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy
+from astraflow.rewards.base import FAILED as REWARD_FAILED
 
 log = logging.getLogger("astraflow.eval")
 
@@ -49,9 +51,13 @@ class Evaluator:
                         "temperature": temperature}
             handles = {role: EnginePolicy(p, backends[p], defaults) for role, p in roles.items()}
             results = await asyncio.gather(*(workflow.run(t, handles, samples) for t in tasks))
-            mine = [traj.reward for trajs in results for traj in trajs
+            mine = [traj for trajs in results for traj in trajs
                     if roles.get(traj.policy, traj.policy) == self.policy]
-            out[key] = sum(mine) / max(len(mine), 1)
+            # a sample whose reward failed scores 0 here: held-out accuracy never looks
+            # better because the reward broke; the failures are counted beside it
+            out[key] = sum(t.reward for t in mine) / max(len(mine), 1)
+            out[f"{key.removesuffix('_accuracy')}_reward_failed"] = sum(
+                bool(t.metadata.get(REWARD_FAILED)) for t in mine)
         workflow.config = base
         return out
 
@@ -61,10 +67,10 @@ class Evaluator:
         The run is over for this policy once ``done_marker`` exists (the trainer writes
         its final weights after publishing its last version).
         """
-        from astraflow.models.tiny import load_tokenizer
+        from astraflow.text import load_tokenizer
 
         cfg = self.cfg
-        tokenizer = load_tokenizer(cfg.model.path)
+        tokenizer = load_tokenizer(cfg.model.path).configure(cfg.task)
         workflow = build_workflow(cfg, tokenizer)
         roles = role_map(cfg, workflow.roles)
         tasks = get_registry().get("task", cfg.task.name).create(cfg.task).eval_tasks()
@@ -76,6 +82,7 @@ class Evaluator:
         try:
             last = 0
             self._log(0, await self.evaluate(backends, workflow, roles, tasks))
+            mark_ready()
             while True:
                 done = os.path.exists(done_marker)
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)

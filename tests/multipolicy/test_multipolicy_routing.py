@@ -9,11 +9,11 @@ from omegaconf import OmegaConf
 from astraflow.dataflow.client import DataflowClient
 from astraflow.dataflow.server import BackgroundServer
 from astraflow.dataflow.settings import DataflowSettings
-from astraflow.models.tiny import load_tokenizer
 from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy
-from astraflow.tasks.rewards import ExactMatch
+from astraflow.rewards.exact_match import ExactMatch
 from astraflow.testing.engine import LoopThread
+from astraflow.text import load_tokenizer
 from astraflow.workflows.solve_verify import SolveVerifyConfig, SolveVerifyWorkflow
 
 TOKEN = "routing-test-token"
@@ -24,7 +24,7 @@ def test_batches_hold_only_their_policys_sequences_with_foreign_tokens_masked(
     settings = DataflowSettings(store=str(tmp_path / "store"),
                                 policies={"solver": 2, "verifier": 2}, group_size=4,
                                 task={"name": "arithmetic", "max_operand": 20, "ops": "+-",
-                                      "num_eval": 100, "reward": "exact_match", "seed": 1234})
+                                      "num_eval": 100, "seed": 1234})
     tok = load_tokenizer(tiny_model_dir)
     entry = get_registry().get("rollout_backend", "hf")
     loop = LoopThread()

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from omegaconf import OmegaConf
 
-from astraflow.models.tiny import load_tokenizer
 from astraflow.plugins import get_registry
+from astraflow.rewards.exact_match import ExactMatch
 from astraflow.tasks.arithmetic import ArithmeticTasks
-from astraflow.tasks.rewards import ExactMatch
 from astraflow.testing.engine import LoopThread
+from astraflow.text import load_tokenizer
 from astraflow.types import TOOL, Generation, Task
 from astraflow.workflows.tool_use import ToolUseConfig, ToolUseWorkflow
 from astraflow.workflows.tools import calculator

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from astraflow.types import Generation, Task, Trajectory
+
+if TYPE_CHECKING:
+    from astraflow.rewards.base import Score
 
 
 class PolicyHandle(Protocol):
@@ -26,9 +29,15 @@ class PolicyHandle(Protocol):
 
 
 class Tokenizer(Protocol):
+    """What a workflow tokenizes with (:class:`astraflow.text.TextTokenizer`)."""
+
     eos_token_id: int
+    #: every id that ends a turn (the checkpoint's end-of-sequence ids)
+    stop_token_ids: list[int]
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_prompt(self, prompt: str | list[dict[str, Any]]) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -43,9 +52,25 @@ class Workflow(ABC):
     roles: tuple[str, ...] = ("policy",)
 
     def __init__(self, config: Any, tokenizer: Tokenizer, reward: Reward) -> None:
+        from astraflow.rewards.base import RewardRunner
+
         self.config = config
         self.tokenizer = tokenizer
         self.reward = reward
+        timeout = getattr(getattr(reward, "config", None), "timeout", None)
+        self._scorer = RewardRunner(reward, timeout=float(timeout or 10.0))
+
+    async def score(self, task: Task, completion: str) -> Score:
+        """The reward of ``completion``; a reward that raises or times out gives a failed
+        :class:`~astraflow.rewards.base.Score` (put ``score.metadata()`` in the
+        trajectory's metadata so the data layer counts it and keeps it out of the
+        group's advantage statistics)."""
+        return await self._scorer.score(task, completion)
+
+    def completion_text(self, token_ids: list[int]) -> str:
+        """What a policy wrote, as text: stop tokens and other special tokens dropped."""
+        stops = set(self.tokenizer.stop_token_ids)
+        return self.tokenizer.decode([t for t in token_ids if t not in stops])
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:
@@ -64,10 +89,18 @@ class Workflow(ABC):
 
 
 class Reward(ABC):
-    """Scores a completion against a task."""
+    """Scores a completion against a task.
+
+    ``__call__`` returns a float, or a dict with a ``"score"`` and extra metrics (logged
+    per step), or an awaitable of either. It may raise or hang: the caller scores that
+    sample as failed (``reward.timeout``), never the rollout or the node.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
 
     @abstractmethod
-    def __call__(self, task: Task, completion: str) -> float: ...
+    def __call__(self, task: Task, completion: str) -> Any: ...
 
 
 class TaskSource(ABC):
@@ -83,3 +116,12 @@ class TaskSource(ABC):
     @abstractmethod
     def eval_tasks(self) -> list[Task]:
         """The held-out split."""
+
+    def preflight(self) -> None:
+        """Raise :class:`astraflow.errors.ConfigError` naming what is wrong (file, row,
+        key) before any component starts; reads as little as it can. The default checks
+        nothing."""
+
+    def stats(self) -> dict[str, int]:
+        """Counts worth showing in the data layer's status (rows read, skipped, ...)."""
+        return {}

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
+from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.types import Generation, GenerationRequest
 
@@ -94,10 +95,10 @@ class RaaSNode:
         self._refresh_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        from astraflow.models.tiny import load_tokenizer
+        from astraflow.text import load_tokenizer
 
         model_path = self.cfg.model.path
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = load_tokenizer(model_path).configure(self.cfg.task)
         self.workflow = build_workflow(self.cfg, self.tokenizer)
         self.roles = role_map(self.cfg, self.workflow.roles)
         entry = get_registry().get("rollout_backend", self.cfg.raas.name)
@@ -108,6 +109,7 @@ class RaaSNode:
         # a node that joins late catches up before it serves
         await self.refresh(wait_for_first=True)
         await self._register()
+        mark_ready()
 
     async def _register(self) -> None:
         self.node_id = await self.client.register(

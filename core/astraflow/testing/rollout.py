@@ -24,9 +24,9 @@ from astraflow.types import GenerationRequest
 
 
 def prompt_ids(model_dir: str, text: str) -> list[int]:
-    from astraflow.models.tiny import load_tokenizer
+    from astraflow.text import load_tokenizer
 
-    return load_tokenizer(model_dir).encode(text)
+    return load_tokenizer(model_dir).encode_prompt(text)
 
 
 def perturbed_copy(model_dir: str, out_dir: Path, scale: float = 0.5) -> Path:
@@ -95,7 +95,7 @@ class RolloutBackendContract:
 
     def test_generation_ends_at_a_stop_token(self, engine, tiny_model_dir):
         loop, backend = engine
-        from astraflow.models.tiny import load_tokenizer
+        from astraflow.text import load_tokenizer
 
         tok = load_tokenizer(tiny_model_dir)
         stops = [tok.encode(c)[0] for c in "0123456789"]
@@ -169,9 +169,10 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     """Max |behaviour - recomputed| log-prob over the sampled tokens, and their count.
 
     ``raas`` samples 4 continuations per prompt and reports behaviour log-probs;
-    ``trainer`` recomputes them for the same weights and tokens.
+    ``trainer`` recomputes them for the same weights and tokens. Prompts are rendered
+    as a node renders them: through the checkpoint's chat template when it has one.
     """
-    from astraflow.models.tiny import load_tokenizer
+    from astraflow.text import load_tokenizer
     from astraflow.types import Batch, TrainItem
     from astraflow.workflows.builder import TrajectoryBuilder
 
@@ -184,9 +185,10 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     items = []
     try:
         for text in prompts:
-            prompt = tok.encode(text)
-            for gen in loop.run(engine.generate(GenerationRequest(prompt, max_new_tokens=8,
-                                                                  n=4))):
+            prompt = tok.encode_prompt(text)
+            request = GenerationRequest(prompt, max_new_tokens=8, n=4,
+                                        stop_token_ids=tok.stop_token_ids)
+            for gen in loop.run(engine.generate(request)):
                 builder = TrajectoryBuilder(text, text)
                 builder.add_context(prompt)
                 builder.add_generation("policy", gen)

@@ -27,10 +27,10 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from astraflow.contracts import TrainerBackend
-from astraflow.models.tiny import load_tokenizer
 from astraflow.plugins import get_registry
 from astraflow.rl.losses import token_logprobs
 from astraflow.tasks.arithmetic import ArithmeticTasks
+from astraflow.text import load_tokenizer
 from astraflow.types import PROMPT, Batch, Span, TrainItem, Trajectory
 
 torch = pytest.importorskip("torch")  # a trainer suite needs torch; the core does not

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from astraflow.contracts import PolicyHandle, Workflow
@@ -25,21 +26,21 @@ class SingleTurnWorkflow(Workflow):
         self, task: Task, policies: dict[str, PolicyHandle], group_size: int
     ) -> list[Trajectory]:
         (role,) = self.roles
-        prompt_ids = self.tokenizer.encode(task.prompt)
-        eos = self.tokenizer.eos_token_id
+        prompt_ids = self.tokenizer.encode_prompt(task.prompt)
         generations = await policies[role].generate(
             prompt_ids,
             n=group_size,
             max_new_tokens=self.config.max_new_tokens,
             temperature=self.config.temperature,
-            stop_token_ids=[eos],
+            stop_token_ids=self.tokenizer.stop_token_ids,
         )
+        scores = await asyncio.gather(*(self.score(task, self.completion_text(gen.token_ids))
+                                        for gen in generations))
         out = []
-        for gen in generations:
-            text_ids = [t for t in gen.token_ids if t != eos]
-            reward = self.reward(task, self.tokenizer.decode(text_ids))
+        for gen, score in zip(generations, scores, strict=True):
             builder = TrajectoryBuilder(task.task_id, task.metadata.get("group_id", task.task_id))
             builder.add_context(prompt_ids)
             builder.add_generation(role, gen)
-            out.append(builder.build(role, reward, {"task_type": task.task_type}))
+            out.append(builder.build(role, score.value,
+                                     {"task_type": task.task_type, **score.metadata()}))
         return out

@@ -55,29 +55,28 @@ class SolveVerifyWorkflow(Workflow):
 
     async def _generate(self, policy: PolicyHandle, context: list[int]) -> Generation:
         await self.latency.wait()
-        eos = self.tokenizer.eos_token_id
         (gen,) = await policy.generate(context, n=1, max_new_tokens=self.config.max_new_tokens,
                                        temperature=self.config.temperature,
-                                       stop_token_ids=[eos])
+                                       stop_token_ids=self.tokenizer.stop_token_ids)
         return gen
 
     def _text(self, gen: Generation) -> str:
-        eos = self.tokenizer.eos_token_id
-        return self.tokenizer.decode([t for t in gen.token_ids if t != eos]).strip()
+        return self.completion_text(gen.token_ids).strip()
 
     async def _attempt(self, task: Task, policies: dict[str, PolicyHandle],
                        group_id: str) -> list[Trajectory]:
         tok = self.tokenizer
-        prompt = tok.encode(task.prompt)
+        prompt = tok.encode_prompt(task.prompt)
         solver = TrajectoryBuilder(task.task_id, group_id)
         solver.add_context(prompt)
         gen = await self._generate(policies["solver"], solver.tokens)
         solver.add_generation("solver", gen)
         answer = self._text(gen)
-        correct = self.reward(task, answer) > 0
+        first = await self.score(task, answer)
+        correct = first.value > 0
         # the verifier judges the answer as text, without the solver's end token
         keep = len(gen.token_ids) - int(bool(gen.token_ids)
-                                        and gen.token_ids[-1] == tok.eos_token_id)
+                                        and gen.token_ids[-1] in tok.stop_token_ids)
         verifier = TrajectoryBuilder(task.task_id, group_id)
         verifier.add_context(prompt)
         verifier.add_generation("solver", Generation(gen.token_ids[:keep], gen.logprobs[:keep],
@@ -94,10 +93,12 @@ class SolveVerifyWorkflow(Workflow):
             solver.add_context(tok.encode("="))
             retry = await self._generate(policies["solver"], solver.tokens)
             solver.add_generation("solver", retry)
-            answer = self._text(retry)
+        final = await self.score(task, self._text(retry)) if retried else first
         meta = {"task_type": task.task_type, "retried": retried, "verdict": verdict}
-        return [solver.build("solver", self.reward(task, answer), meta),
-                verifier.build("verifier", float(judged_right), meta)]
+        # a verdict on an answer whose reward failed judged nothing: it fails too
+        return [solver.build("solver", final.value, {**meta, **final.metadata()}),
+                verifier.build("verifier", float(judged_right),
+                               {**meta, **(first.metadata() if first.failed else {})})]
 
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:

@@ -43,9 +43,9 @@ class ToolUseWorkflow(Workflow):
         (role,) = self.roles
         tok = self.tokenizer
         close = tok.encode(")")
-        stops = [tok.eos_token_id, *close]
+        stops = [*tok.stop_token_ids, *close]
         builder = TrajectoryBuilder(task.task_id, task.metadata.get("group_id", task.task_id))
-        builder.add_context(tok.encode(task.prompt))
+        builder.add_context(tok.encode_prompt(task.prompt))
         answer, calls = "", 0
         for turn in range(self.config.max_turns):
             gen = (await policies[role].generate(
@@ -53,7 +53,7 @@ class ToolUseWorkflow(Workflow):
                 temperature=self.config.temperature, stop_token_ids=stops,
             ))[0]
             builder.add_generation(role, gen)
-            text = tok.decode([t for t in gen.token_ids if t != tok.eos_token_id])
+            text = self.completion_text(gen.token_ids)
             call = CALL.search(text)
             last_turn = turn == self.config.max_turns - 1
             if call is None or gen.finish_reason != "stop" or last_turn:
@@ -61,6 +61,6 @@ class ToolUseWorkflow(Workflow):
                 break
             calls += 1
             builder.add_context(tok.encode(f"={calculator(call.group(1))},"), source=TOOL)
-        reward = self.reward(task, answer)
-        return builder.build(role, reward, {"task_type": task.task_type, "tool_calls": calls,
-                                            "sample": index})
+        score = await self.score(task, answer)
+        return builder.build(role, score.value, {"task_type": task.task_type, "tool_calls": calls,
+                                                 "sample": index, **score.metadata()})

@@ -48,7 +48,7 @@ class SimRolloutBackend(RolloutBackend):
         self._vocab: list[int] = []
 
     async def start(self) -> None:
-        from astraflow.models.tiny import load_tokenizer
+        from astraflow.text import load_tokenizer
 
         tokenizer_file = Path(self.model_path) / "tokenizer.json"
         if not tokenizer_file.exists():

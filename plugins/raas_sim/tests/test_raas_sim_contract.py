@@ -20,7 +20,7 @@ def test_plugin_is_installed():
 
 
 def test_latency_is_the_configured_one_and_tokens_come_from_the_vocabulary(tiny_model_dir):
-    from astraflow.models.tiny import load_tokenizer
+    from astraflow.text import load_tokenizer
 
     entry = get_registry().get("rollout_backend", "sim")
     cfg = OmegaConf.merge(OmegaConf.structured(entry.config_cls),
