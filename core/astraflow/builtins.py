@@ -2,6 +2,7 @@
 
 from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
+from astraflow.rewards.base import RewardConfig
 from astraflow.tasks.arithmetic import ArithmeticConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
 from astraflow.workflows.solve_verify import SolveVerifyConfig
@@ -30,11 +31,8 @@ def astraflow_register_tasks(register):
 
 @hookimpl
 def astraflow_register_rewards(register):
-    register(
-        "exact_match",
-        "astraflow.tasks.rewards:ExactMatch",
-        description="1.0 when the completion equals the answer.",
-    )
+    register("exact_match", "astraflow.rewards.exact_match:ExactMatch", RewardConfig,
+             description="1.0 when the completion equals the answer.")
 
 
 @hookimpl

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     name = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
     if name != "run":
-        from astraflow.launch.local import end_with_launcher
+        from astraflow.launch.lifecycle import end_with_launcher
 
         end_with_launcher()
     try:

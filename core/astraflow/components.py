@@ -23,7 +23,7 @@ def policy_names(cfg: DictConfig) -> list[str]:
 def build_workflow(cfg: DictConfig, tokenizer: Any):
     """The workflow and its reward, built through the registry."""
     registry = get_registry()
-    reward = registry.get("reward", cfg.task.reward).create()
+    reward = registry.get("reward", cfg.reward.name).create(cfg.reward)
     workflow = registry.get("workflow", cfg.workflow.name).create(cfg.workflow, tokenizer, reward)
     return workflow
 

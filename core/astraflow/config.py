@@ -26,10 +26,11 @@ DEFAULT_OPTIONS: dict[str, str] = {
     "trainer": "hf",
     "workflow": "single_turn",
     "task": "arithmetic",
+    "reward": "exact_match",
     "launcher": "local",
 }
 #: every config group (conf/ folders and plugin-provided groups)
-GROUPS = ("raas", "trainer", "data", "workflow", "task", "launcher", "experiment")
+GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "launcher", "experiment")
 
 
 @dataclass
@@ -93,6 +94,7 @@ class AstraFlowConfig:
     trainer: Any = None
     workflow: Any = None
     task: Any = None
+    reward: Any = None
     launcher: Any = None
     data: dict[str, Any] = field(default_factory=dict)
 

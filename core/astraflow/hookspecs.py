@@ -91,7 +91,10 @@ def astraflow_register_tasks(register):
 
 @hookspec
 def astraflow_register_rewards(register):
-    """Register reward functions, referenced by name from task configs.
+    """Register reward functions (config group ``reward``).
 
-    Contract: :class:`astraflow.contracts.Reward`. ``config_cls`` is unused here.
+    A reward scores a completion against a task (float, or a dict with a ``score`` and
+    extra metrics; plain or async). Contract: :class:`astraflow.contracts.Reward`;
+    ``config_cls`` should extend :class:`astraflow.rewards.base.RewardConfig` so that
+    ``reward.timeout`` and ``reward.max_failure_fraction`` apply to it.
     """

@@ -11,6 +11,7 @@ Environment variables (the pytest conventions):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import pluggy
 
 from astraflow import hookspecs
-from astraflow.errors import DuplicateNameError, PluginLoadError, UnknownOptionError
+from astraflow.errors import ConfigError, DuplicateNameError, PluginLoadError, UnknownOptionError
 
 GROUP = "astraflow"
 BUILTINS = "builtins"
@@ -45,7 +46,7 @@ KINDS: dict[str, tuple[str, str | None, str]] = {
     "batch_sampler": ("astraflow_register_batch_samplers", "data", "astraflow-plugin-data-"),
     "workflow": ("astraflow_register_workflows", "workflow", "astraflow-plugin-"),
     "task": ("astraflow_register_tasks", "task", "astraflow-plugin-"),
-    "reward": ("astraflow_register_rewards", None, "astraflow-plugin-"),
+    "reward": ("astraflow_register_rewards", "reward", "astraflow-plugin-"),
 }
 #: config group -> kinds that provide its options
 GROUP_KINDS: dict[str, list[str]] = {}
@@ -280,3 +281,17 @@ def get_registry(refresh: bool = False) -> Registry:
     if _REGISTRY is None or refresh:
         _REGISTRY = get_plugin_manager().build_registry()
     return _REGISTRY
+
+
+def typed_config(config_cls: type | None, conf: Any) -> Any:
+    """An option's config as its registered dataclass (unknown keys are errors)."""
+    if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        return conf
+    if conf is None:
+        return config_cls()
+    if isinstance(conf, dict):
+        try:
+            return config_cls(**conf)
+        except TypeError as exc:
+            raise ConfigError(f"{config_cls.__name__}: {exc}") from None
+    return conf

@@ -42,7 +42,9 @@ from astraflow.dataflow.wire import (
     unpack_trajectory,
 )
 from astraflow.errors import ConfigError
-from astraflow.plugins import Registry, get_registry, missing_option_message
+from astraflow.plugins import Registry, get_registry, missing_option_message, typed_config
+from astraflow.rewards.base import ERROR as REWARD_ERROR
+from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rl.advantages import group_advantages
 from astraflow.types import Task, Trajectory
 
@@ -114,20 +116,6 @@ class BatchRec:
     created_at: float
 
 
-def _typed_config(config_cls: type | None, conf: Any) -> Any:
-    """An option's config as its registered dataclass (unknown keys are errors)."""
-    if config_cls is None or not dataclasses.is_dataclass(config_cls):
-        return conf
-    if conf is None:
-        return config_cls()
-    if isinstance(conf, dict):
-        try:
-            return config_cls(**conf)
-        except TypeError as exc:
-            raise ConfigError(f"{config_cls.__name__}: {exc}") from None
-    return conf
-
-
 def _log_failure(future: asyncio.Future) -> None:
     """Announcements nobody awaits (weights' on_publish) must not fail silently."""
     if not future.cancelled() and future.exception() is not None:
@@ -153,14 +141,14 @@ class DataflowService:
         self.source = None
         if settings.task:
             entry = registry.get("task", settings.task["name"])
-            self.source = entry.create(_typed_config(entry.config_cls, settings.task))
+            self.source = entry.create(typed_config(entry.config_cls, settings.task))
         self.algorithms: dict[str, DataAlgorithm] = {}
         options = registry.group_options("data")
         for name, conf in (settings.data or {}).items():
             entry = options.get(name)
             if entry is None:
                 raise ConfigError(missing_option_message(registry, "trajectory_filter", name))
-            self.algorithms[name] = entry.create(_typed_config(entry.config_cls, conf))
+            self.algorithms[name] = entry.create(typed_config(entry.config_cls, conf))
         algos = self.algorithms.values()
         self.selectors = [a for a in algos if isinstance(a, TaskSelector)]
         self.filters = [a for a in algos if isinstance(a, TrajectoryFilter)]
@@ -197,6 +185,8 @@ class DataflowService:
         self.index = 0
         self._source_iter: Iterator[Task] | None = None
         self._plugin_saved: dict[str, str] = {}
+        #: the first traceback of a failed reward per policy (for the console and metrics)
+        self.reward_errors: dict[str, str] = {}
         self.autoscale = AutoscaleWindow(settings.autoscale_window)
         self.started_at = time.time()
         self._load()
@@ -788,7 +778,12 @@ class DataflowService:
         payloads: list[bytes] = []
         for (group_id, policy), members in groups.items():
             rewards = [ct.reward for ct in members]
+            failed = [bool(ct.metadata.get(REWARD_FAILED)) for ct in members]
             deltas[f"produced:{policy}"] += len(members)
+            deltas[f"reward_failed:{policy}"] += sum(failed)
+            if any(failed) and policy not in self.reward_errors:
+                first = next(ct for ct, bad in zip(members, failed, strict=True) if bad)
+                self.reward_errors[policy] = str(first.metadata.get(REWARD_ERROR, ""))
             for sel in self.selectors:
                 sel.observe_group(source_task, policy, rewards)
             if self.filters:
@@ -802,7 +797,8 @@ class DataflowService:
                 dropped += len(members)
                 continue
             meta = {**stamp, "group_size": len(members)}
-            for ct, advantage in zip(members, group_advantages(rewards), strict=True):
+            for ct, advantage in zip(members, group_advantages(rewards, failed=failed),
+                                     strict=True):
                 if self._stale(policy, ct.min_version):
                     deltas[f"dropped_stale:{policy}"] += 1
                     deltas[_stale_key(policy, pool)] += 1
@@ -1143,8 +1139,10 @@ class DataflowService:
                 **{
                     name: c[f"{name}:{p}"]
                     for name in ("accepted", "filtered", "consumed", "dropped_stale",
-                                 "dropped_no_trainer", "replayed", "lost")
+                                 "dropped_no_trainer", "replayed", "lost", "produced",
+                                 "reward_failed")
                 },
+                "first_reward_error": self.reward_errors.get(p),
             }
             for p, m in self.policies.items()
         }
@@ -1174,6 +1172,7 @@ class DataflowService:
             },
             "store": {"wal_frames_pending": self.store.wal_frames_pending,
                       "payload_log": self.store.payloads.stats()},
+            "source": self.source.stats() if self.source is not None else {},
         }
 
     def autoscale_report(self) -> dict[str, Any]:

@@ -4,11 +4,9 @@ each a subprocess of ``python -m astraflow``; live progress; a run directory.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,24 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
+from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
 from astraflow.launch.report import write_report
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token
-
-
-def check_selection(cfg: DictConfig) -> None:
-    """Fail fast, before any process starts, on an option that cannot run here.
-
-    Loading imports each selected backend; the backend contracts' ``check_config`` then
-    judges its config (e.g. whether it must start a server this machine lacks). A
-    registered factory that is not a contract class may omit it.
-    """
-    registry = get_registry()
-    for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):
-        factory = registry.get(kind, conf.name).load()
-        check = getattr(factory, "check_config", None)
-        if callable(check):
-            check(conf)
 
 
 @dataclass
@@ -56,24 +40,21 @@ class Child:
         """A trainer or evaluator that exited 0 is done; nothing else ends on its own."""
         return self.proc.returncode == 0 and self.name.startswith(("trainer-", "eval-"))
 
+    @property
+    def ready_file(self) -> Path:
+        return self.log.with_suffix(".ready")
 
-#: the launcher's pid, in the environment of the components it starts
-LAUNCHER_ENV = "ASTRAFLOW_LAUNCHER_PID"
+    def worked(self) -> bool:
+        """Whether this component ever got to work (see :func:`mark_ready`): one that
+        dies before is failing on its set-up, and restarting it would fail the same way."""
+        return self.ready_file.exists()
 
-
-def end_with_launcher() -> None:
-    """In a component the launcher started: SIGTERM when the launcher dies, however it
-    dies (a SIGKILL included), so that no component outlives its run. Done by the
-    component itself at start-up, not between fork and exec, where the launcher's other
-    threads may hold locks that the call would need."""
-    launcher = os.environ.pop(LAUNCHER_ENV, None)
-    if launcher is None:
-        return
-    if sys.platform == "linux":
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != int(launcher):  # it died before the request took effect
-        sys.exit("astraflow: the launcher that started this component has exited")
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log.read_text(errors="replace").rstrip().splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"  | {line}" for line in text[-lines:])
 
 
 @dataclass
@@ -87,7 +68,8 @@ class LocalRun:
     def spawn(self, name: str, *args: str) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid())})
+        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid()),
+                                  READY_ENV: str(log.with_suffix(".ready"))})
         env.setdefault("OMP_NUM_THREADS", "1")
         with log.open("ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
@@ -110,11 +92,13 @@ class LocalRun:
         deadline = time.time() + 120
         while not url_file.exists():
             if child.proc.poll() is not None:
-                raise RuntimeError(f"the data layer exited; see {child.log}")
+                raise RuntimeError(f"the data layer exited with {child.proc.returncode} before "
+                                   f"it listened; the end of {child.log}:\n{child.log_tail()}")
             if time.time() > deadline:
                 raise TimeoutError(f"the data layer did not start; see {child.log}")
             time.sleep(0.1)
         self.url = url_file.read_text().strip()
+        child.ready_file.touch()
 
     def component_args(self) -> list[str]:
         return ["--connect", self.url, "--config", str(self.run_dir / "config.yaml"),
@@ -165,9 +149,14 @@ class LocalRun:
             code = child.proc.poll()
             if code is None or child.retired or child.finished():
                 continue
+            if not child.worked():
+                raise RuntimeError(f"{child.name} exited with {code} before it started "
+                                   f"working, so it is not restarted; the end of {child.log}:"
+                                   f"\n{child.log_tail()}")
             if child.restarts >= limit:
                 raise RuntimeError(f"{child.name} exited with {code} after {child.restarts} "
-                                   f"restarts (launcher.max_restarts={limit}); see {child.log}")
+                                   f"restarts (launcher.max_restarts={limit}); the end of "
+                                   f"{child.log}:\n{child.log_tail()}")
             child.restarts += 1
             print(f"astraflow: {child.name} exited with {code}; restarting it "
                   f"({child.restarts} of {limit})", file=sys.stderr)
@@ -254,12 +243,46 @@ class Autoscaler:
                        advised=advice["target"], reason=advice["reason"])
 
 
+@dataclass
+class RewardWatch:
+    """Shows the first failure of the run's reward on the console (and in the metrics),
+    and stops the run once failures pass ``reward.max_failure_fraction``: a reward that
+    fails that often is a bug to fix, not noise to train through."""
+
+    job: LocalRun
+    #: samples of a policy scored before its failure fraction is judged
+    min_samples: int = 50
+    shown: set[str] = field(default_factory=set)
+
+    def check(self, status: dict[str, Any]) -> None:
+        limit = float(self.job.cfg.reward.get("max_failure_fraction", 1.0))
+        for policy, info in status.get("policies", {}).items():
+            failed, produced = info.get("reward_failed", 0), info.get("produced", 0)
+            error = info.get("first_reward_error")
+            if error and policy not in self.shown:
+                self.shown.add(policy)
+                last = error.strip().splitlines()[-1]
+                print(f"astraflow: warning: the reward failed on a {policy} sample (scored "
+                      f"as failed, kept out of its group's advantages): {last}",
+                      file=sys.stderr)
+                self.job.event(event="reward_failure", policy=policy, error=error)
+            if produced >= self.min_samples and failed > limit * produced:
+                raise RuntimeError(
+                    f"the reward failed on {failed} of {produced} {policy} samples "
+                    f"({failed / produced:.0%} > reward.max_failure_fraction={limit}); "
+                    f"the first failure:\n{error}")
+
+
 def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
-    """Resolve the run directory and the model, and write the resolved config."""
-    run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Check the set-up, resolve the run directory and the model, write the config.
+
+    Every check that reads the user's files runs before the run directory is made, so
+    a mistake leaves nothing behind and starts nothing.
+    """
+    from astraflow.launch import preflight
+
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    cfg.run_dir = str(run_dir)
+    preflight.check_backends(cfg)
     cfg.policies = resolve_policies(cfg)
     if cfg.mode not in ("async", "sync"):
         raise ConfigError(f"mode={cfg.mode!r}; choose async or sync")
@@ -269,13 +292,23 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     if cfg.autoscale and cfg.mode == "sync":
         raise ConfigError("autoscale=true needs mode=async: the synchronous baseline splits "
                           "each iteration across a fixed number of nodes")
+    preflight.resolve_paths(cfg)
+    preflight.check_reward(cfg)
+    if cfg.model.path is not None and "tokenizer" in cfg.task and not cfg.task.tokenizer:
+        cfg.task.tokenizer = cfg.model.path  # the task source counts prompt tokens with it
+    source = preflight.task_source(cfg)
+    if cfg.model.path is not None:
+        preflight.check_prompts(cfg, source)
+    run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run_dir = str(run_dir)
     if cfg.mode == "sync":  # the baseline trains only on what the current weights produced
         for policy in cfg.policies.values():
             policy.max_staleness = 0
     if cfg.model.path is None:
         from astraflow.models.tiny import make_tiny_model
 
-        tasks = list(get_registry().get("task", cfg.task.name).create(cfg.task).train_tasks())
+        tasks = list(source.train_tasks())
         workflow_cls = get_registry().get("workflow", cfg.workflow.name).load()
         examples = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
         cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
@@ -288,6 +321,9 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
             model_cfg.warmstart_steps * len(examples) / max(len(tasks), 1))
         cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
                                          warmstart_tasks=examples)
+        if "tokenizer" in cfg.task and not cfg.task.tokenizer:
+            cfg.task.tokenizer = cfg.model.path
+        preflight.check_prompts(cfg, source)
     OmegaConf.save(cfg, run_dir / "config.yaml")
     return cfg, run_dir
 
@@ -295,7 +331,6 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
 def run(cfg: DictConfig) -> int:
     from astraflow.launch.progress import Progress
 
-    check_selection(cfg)
     started = time.time()
     cfg, run_dir = prepare(cfg)
     job = LocalRun(cfg, run_dir, resolve_token())
@@ -306,6 +341,7 @@ def run(cfg: DictConfig) -> int:
         job.start_components()
         learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
         autoscaler = Autoscaler(job) if cfg.autoscale else None
+        rewards = RewardWatch(job)
         with progress:
             while True:
                 job.supervise()
@@ -313,7 +349,9 @@ def run(cfg: DictConfig) -> int:
                     autoscaler.tick()
                 if all(job.children[n].finished() for n in learners):
                     break
-                progress.update(job.status())
+                status = job.status()
+                rewards.check(status)
+                progress.update(status)
                 time.sleep(0.5)
             progress.update(job.status())
         final_status = job.status()

@@ -1,4 +1,4 @@
-"""Reward functions referenced by name from task configs."""
+"""The exact-match reward (the default: the arithmetic task's)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ class ArithmeticConfig:
     max_operand: int = 20
     ops: str = "+-"
     num_eval: int = 100
-    reward: str = "exact_match"
     seed: int = 1234
 
 

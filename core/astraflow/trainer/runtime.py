@@ -19,7 +19,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from astraflow.components import trainer_settings
+from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
+from astraflow.rewards.base import FAILED as REWARD_FAILED
+from astraflow.rewards.base import reward_metric_means
 
 log = logging.getLogger("astraflow.trainer")
 #: status counts that together are every trajectory generated for a policy
@@ -100,6 +103,7 @@ class TrainerRuntime:
             self.version = max(latest, self.version) + 1
             self._publish(publisher, self.version, backend)
         beats = _Heartbeats(self.url, self.token, f"trainer-{self.policy}", [self.policy])
+        mark_ready()
         try:
             self._train(backend, publisher, steps)
         finally:
@@ -139,6 +143,7 @@ class TrainerRuntime:
             # which rollout pools fed this step (heterogeneous and remote pools show here)
             pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
                             for item in batch.items)
+            metas = [item.trajectory.metadata for item in batch.items]
             self._log({
                 **{f"train/{k}": float(v) for k, v in metrics.items()},
                 "kind": "train", "policy": self.policy, "step": self.step,
@@ -154,6 +159,11 @@ class TrainerRuntime:
                 # and, run so far, how many each pool's lag cost (dropped as too stale)
                 **{f"dropped_stale/{name}": n for name, n
                    in sorted(produced.get("dropped_stale_by_pool", {}).items())},
+                # samples whose reward raised or timed out (zero advantage), in this batch
+                # and run so far, and the extra metrics a reward returned, batch means
+                "reward_failed": sum(bool(m.get(REWARD_FAILED)) for m in metas),
+                "reward_failed_total": produced.get("reward_failed", 0),
+                **reward_metric_means(metas),
             })
             t0 = time.time()
         final = self.work_dir / "final" / self.policy

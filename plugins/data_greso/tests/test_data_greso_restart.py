@@ -51,7 +51,7 @@ def test_greso_state_survives_a_sigkill_and_restart(tmp_path):
         "run_dir": str(tmp_path), "group_size": 4, "batch_size": 64,
         "policies": {"policy": {"max_staleness": 2}},
         "task": {"name": "arithmetic", "max_operand": 3, "ops": "+", "num_eval": 4,
-                 "reward": "exact_match", "seed": 1},
+                 "seed": 1},
         "data": {"greso": {"name": "greso", "floor_easy": 0.0, "floor_hard": 0.0,
                            "p_init": 0.01}},
     }))

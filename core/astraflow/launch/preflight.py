@@ -1,0 +1,83 @@
+"""Pre-flight: every set-up mistake stops the run before any component starts.
+
+A bad path, a row without the prompt key, a tokenizer without an end-of-sequence
+token, a reward file that does not import: each is found here, in the launcher's own
+process, and reported in one line naming the file, the row or the key -- not by a
+component that dies at start-up, is restarted and dies the same way again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from astraflow.errors import ConfigError
+from astraflow.plugins import get_registry, typed_config
+
+#: prompts rendered with the run's tokenizer before anything starts
+_SAMPLE_PROMPTS = 5
+
+
+def check_backends(cfg: DictConfig) -> None:
+    """Each selected backend judges its own config (e.g. whether it must start a server
+    this machine lacks). A registered factory that is not a contract class may omit it."""
+    registry = get_registry()
+    for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):
+        factory = registry.get(kind, conf.name).load()
+        check = getattr(factory, "check_config", None)
+        if callable(check):
+            check(conf)
+
+
+def _absolute(value: Any, key: str) -> Any:
+    if value is None or value == "":
+        return value
+    path = Path(str(value)).expanduser()
+    return str(path if path.is_absolute() else Path.cwd() / path)
+
+
+def resolve_paths(cfg: DictConfig) -> None:
+    """Paths the user typed relative to their shell become absolute, so every component
+    (started elsewhere, or with another working directory) reads the same files."""
+    if cfg.model.path is not None:
+        cfg.model.path = _absolute(cfg.model.path, "model.path")
+        if not Path(cfg.model.path).is_dir():
+            raise ConfigError(f"model.path={cfg.model.path} is not a directory")
+    for key in ("train_files", "eval_files"):
+        if cfg.task.get(key):
+            cfg.task[key] = [_absolute(f, f"task.{key}") for f in cfg.task[key]]
+    if cfg.task.get("tokenizer"):
+        cfg.task.tokenizer = _absolute(cfg.task.tokenizer, "task.tokenizer")
+    if cfg.reward.get("path"):
+        cfg.reward.path = _absolute(cfg.reward.path, "reward.path")
+
+
+def check_reward(cfg: DictConfig) -> None:
+    """Build the reward as a node will: imports the user's file, finds the function."""
+    get_registry().get("reward", cfg.reward.name).create(cfg.reward)
+
+
+def task_source(cfg: DictConfig) -> Any:
+    """The task option's source, its first rows checked (files, keys, prompts)."""
+    entry = get_registry().get("task", cfg.task.name)
+    conf = OmegaConf.to_container(cfg.task, resolve=True)
+    source = entry.create(typed_config(entry.config_cls, conf))
+    source.preflight()
+    return source
+
+
+def check_prompts(cfg: DictConfig, source: Any) -> None:
+    """The run's tokenizer loads, declares an end token and renders the first prompts."""
+    from astraflow.text import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.path).configure(cfg.task)
+    first = itertools.chain(itertools.islice(source.train_tasks(), _SAMPLE_PROMPTS),
+                            source.eval_tasks()[:_SAMPLE_PROMPTS])
+    for task in first:
+        try:
+            tokenizer.encode_prompt(task.prompt)
+        except ValueError as exc:
+            raise ConfigError(f"task {task.task_id}: {exc}") from exc
