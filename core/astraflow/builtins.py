@@ -4,6 +4,12 @@ from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
 from astraflow.rewards.base import RewardConfig
 from astraflow.tasks.arithmetic import ArithmeticConfig
+from astraflow.tasks.files import (
+    FileTaskConfig,
+    HFDatasetTaskConfig,
+    ParquetTaskConfig,
+    VerlTaskConfig,
+)
 from astraflow.workflows.single_turn import SingleTurnConfig
 from astraflow.workflows.solve_verify import SolveVerifyConfig
 from astraflow.workflows.tool_use import ToolUseConfig
@@ -27,6 +33,14 @@ def astraflow_register_tasks(register):
         ArithmeticConfig,
         description="Small-integer arithmetic with a held-out split.",
     )
+    register("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
+             description="Rows of local JSON Lines files (task.train_files, task.eval_files).")
+    register("parquet", "astraflow.tasks.files:ParquetTasks", ParquetTaskConfig,
+             description="Rows of local Parquet files.")
+    register("hf_dataset", "astraflow.tasks.files:HFDatasetTasks", HFDatasetTaskConfig,
+             description="A dataset saved with `datasets` (save_to_disk) or local data files.")
+    register("verl", "astraflow.tasks.files:VerlTasks", VerlTaskConfig,
+             description="verl's parquet layout as it is (messages, reward_model.ground_truth).")
 
 
 @hookimpl

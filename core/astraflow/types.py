@@ -19,7 +19,7 @@ class Task:
     """One unit of rollout work, as leased to a node."""
 
     task_id: str
-    prompt: str
+    prompt: str | list[dict[str, Any]]
     answer: str | None = None
     task_type: str = "default"
     metadata: dict[str, Any] = field(default_factory=dict)

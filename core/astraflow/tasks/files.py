@@ -1,0 +1,814 @@
+"""Local dataset files as task sources: ``task=jsonl``, ``parquet``, ``hf_dataset``, ``verl``.
+
+Rows are read lazily, file after file, so a source is cheap to construct and a large
+file never has to fit in memory as Python objects. Each row becomes one :class:`Task`:
+the prompt (text or chat messages) kept as written, the answer as text, and every field
+of the row in ``metadata`` converted to JSON-safe values, because tasks cross processes
+as JSON or msgpack.
+
+Rows that :meth:`FileTasks.preflight` would reject (the first rows of each file) are
+errors wherever they are read; a malformed row further down is skipped, logged and
+counted in :meth:`FileTasks.stats` rather than stopping a long run at hour five.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import decimal
+import enum
+import glob
+import gzip
+import itertools
+import json
+import logging
+import math
+import os
+import random
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import IO, Any, ClassVar, NamedTuple, Protocol
+
+from astraflow.contracts import TaskSource
+from astraflow.errors import ConfigError
+from astraflow.types import Task
+
+log = logging.getLogger(__name__)
+
+#: rows per file that ``preflight`` reads; a bad row among them is an error anywhere
+PREFLIGHT_ROWS = 5
+#: rows decoded to Python objects at a time from parquet and arrow files
+_BATCH_ROWS = 1024
+#: invalid rows logged one by one before the rest are only counted
+_MAX_WARNINGS = 20
+_FITS, _TOO_LONG = 1, 2
+_DATA_EXTRA = "pip install 'astraflow[data]'"
+
+
+# ---- configs -------------------------------------------------------------------------
+
+
+@dataclass
+class FileTaskConfig:
+    """``task=jsonl``: one JSON object per line.
+
+    Keys are dotted paths into nested fields (``reward_model.ground_truth``). Without
+    ``eval_files``, ``eval_size`` rows (chosen with ``seed``) are held out of the
+    training rows. ``max_prompt_tokens`` skips (never truncates) prompts that render to
+    more tokens than that with ``tokenizer`` (a Hugging Face model directory; the
+    launcher fills in the run's model path), ``apply_chat_template`` and
+    ``system_prompt`` -- the way the rollout node renders them.
+    """
+
+    name: str = "jsonl"
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    eval_size: int = 0
+    seed: int = 1234
+    prompt_key: str = "prompt"
+    answer_key: str | None = "answer"
+    id_key: str | None = None  # default: <split>-<row index>
+    task_type_key: str | None = None
+    max_prompt_tokens: int | None = None
+    apply_chat_template: bool | None = None  # None: when the tokenizer has a chat template
+    system_prompt: str | None = None
+    tokenizer: str | None = None
+
+
+@dataclass
+class ParquetTaskConfig(FileTaskConfig):
+    """``task=parquet``: parquet files (or directories of them), read in record batches."""
+
+    name: str = "parquet"
+
+
+@dataclass
+class HFDatasetTaskConfig(FileTaskConfig):
+    """``task=hf_dataset``: ``save_to_disk`` directories, or local data files (json, jsonl,
+    parquet, csv, arrow, txt) loaded with ``datasets.load_dataset``. ``split`` picks the
+    training split of a saved ``DatasetDict``; ``eval_split`` its held-out split."""
+
+    name: str = "hf_dataset"
+    split: str = "train"
+    eval_split: str | None = None
+
+
+@dataclass
+class VerlTaskConfig(ParquetTaskConfig):
+    """``task=verl``: verl's parquet layout as it is (chat-message prompts, the answer in
+    ``reward_model.ground_truth``, ``data_source`` as the task type)."""
+
+    name: str = "verl"
+    answer_key: str | None = "reward_model.ground_truth"
+    task_type_key: str | None = "data_source"
+
+
+# ---- values --------------------------------------------------------------------------
+
+_DROP = object()
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as plain JSON types, so a task survives JSON and msgpack unchanged.
+
+    numpy scalars and arrays become Python numbers and lists; datetimes their ISO text;
+    NaN and infinities ``None`` (strict JSON has no such numbers); bytes that are UTF-8
+    become text, other bytes (images, serialized blobs) are dropped -- left out of a
+    mapping, ``None`` in a list -- since shipping them with every lease costs more than
+    a text task can use.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common case, fast
+        return value
+    if kind is dict:
+        return {str(k): safe for k, v in value.items() if (safe := json_safe(v)) is not _DROP}
+    if kind is list:
+        return [None if (safe := json_safe(v)) is _DROP else safe for v in value]
+    return _json_safe_other(value)
+
+
+def _json_safe_other(value: Any) -> Any:
+    """Subclasses, other containers and non-JSON scalars."""
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
+    for plain in (bool, int, str):  # subclasses (numpy's str_, ...) as the plain type
+        if isinstance(value, plain):
+            return plain(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return json_safe(dict(value))
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return _DROP
+    if isinstance(value, list | tuple | set | frozenset):
+        return json_safe(list(value))
+    return _json_safe_object(value)
+
+
+def _json_safe_object(value: Any) -> Any:
+    """The less common scalar types: numpy, dates and times, decimals, uuids, paths."""
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal | uuid.UUID | PurePath):
+        return str(value)
+    module = type(value).__module__
+    if module == "numpy" or module.startswith("numpy."):
+        import numpy as np
+
+        if isinstance(value, np.datetime64 | np.timedelta64):
+            return str(value)
+        if isinstance(value, np.bytes_ | np.void):
+            return json_safe(bytes(value))
+        return json_safe(value.tolist())
+    return str(value)
+
+
+def answer_text(value: Any) -> str | None:
+    """An answer as the reward compares it: text as is, anything else as its JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+class RowError(ValueError):
+    """What is wrong with one row (the caller adds where the row is)."""
+
+
+def _keys(value: Mapping[str, Any]) -> str:
+    return ", ".join(str(k) for k in value) or "none"
+
+
+def resolve(row: Mapping[str, Any], key: str) -> Any:
+    """The value at a dotted ``key`` (``reward_model.ground_truth``, ``prompt.0.content``).
+
+    A column whose own name contains dots is found first, so dotted names still work.
+    """
+    if key in row:
+        return row[key]
+    parts = key.split(".")
+    if len(parts) == 1:
+        raise RowError(f"no key '{key}' (row keys: {_keys(row)})")
+    value: Any = row
+    for depth, part in enumerate(parts):
+        parent = ".".join(parts[:depth])
+        if isinstance(value, Mapping):
+            if part not in value:
+                where = f"'{parent}' has no '{part}' (its keys" if parent else (
+                    f"the row has no '{part}' (row keys")
+                raise RowError(f"no key '{key}': {where}: {_keys(value)})")
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit():
+            if not -len(value) <= int(part) < len(value):
+                raise RowError(f"no key '{key}': '{parent}' has {len(value)} items, no "
+                               f"item {part}")
+            value = value[int(part)]
+        else:
+            kind = "null" if value is None else type(value).__name__
+            raise RowError(f"no key '{key}': '{parent}' is {kind}, not a mapping")
+    return value
+
+
+def check_prompt(prompt: Any, key: str) -> None:
+    """A prompt is non-empty text or a non-empty list of chat messages."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise RowError(f"the prompt '{key}' is empty")
+        return
+    if prompt is None or prompt == []:
+        raise RowError(f"the prompt '{key}' is empty")
+    if not isinstance(prompt, list):
+        raise RowError(f"the prompt '{key}' must be text or a list of chat messages, "
+                       f"not {type(prompt).__name__}")
+    for number, message in enumerate(prompt, 1):
+        if not isinstance(message, Mapping):
+            raise RowError(f"the prompt '{key}': message {number} is "
+                           f"{type(message).__name__}, not a mapping with role and content")
+        for part in ("role", "content"):
+            if part not in message:
+                raise RowError(f"the prompt '{key}': message {number} has no '{part}' "
+                               f"(message keys: {_keys(message)})")
+        if not isinstance(message["role"], str) or not message["role"]:
+            raise RowError(f"the prompt '{key}': message {number} has no role")
+
+
+# ---- reading -------------------------------------------------------------------------
+
+
+class PromptEncoder(Protocol):
+    """What counts a prompt's tokens (:class:`astraflow.text.TextTokenizer`)."""
+
+    def encode_prompt(self, prompt: Any, *, chat_template: bool | None = None,
+                      system_prompt: str | None = None) -> list[int]: ...
+
+
+class _Source(NamedTuple):
+    """One unit a reader opens: a file, or for ``hf_dataset`` a saved dataset or file set."""
+
+    label: str  # how messages name it
+    paths: tuple[str, ...]
+    split: str | None = None
+
+
+class _Raw(NamedTuple):
+    """A row as read: 1-based row number in its source, the line for text files, and the
+    decoded object (None for rows the caller asked to pass over undecoded)."""
+
+    number: int
+    line: int | None
+    data: Any
+
+
+def _located(source: _Source, raw: _Raw) -> str:
+    where = f"{source.label} row {raw.number}"
+    return where if raw.line in (None, raw.number) else f"{where} (line {raw.line})"
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def expand(patterns: Iterable[str], key: str, suffixes: tuple[str, ...],
+           dirs: Callable[[str], bool] | None = None) -> list[str]:
+    """Paths and globs as the files they name, in a stable order.
+
+    A directory stands for the files with ``suffixes`` under it, unless ``dirs`` accepts
+    it as a unit of its own. A path or glob that names nothing is an error.
+    """
+    found: list[str] = []
+    for pattern in patterns:
+        path = os.path.expanduser(pattern)
+        if glob.has_magic(path):
+            matches = sorted(glob.glob(path, recursive=True))
+            matches = [m for m in matches if os.path.isfile(m) or (dirs and dirs(m))]
+            if not matches:
+                raise ConfigError(f"task.{key}: no file matches {pattern}")
+            found += matches
+        elif os.path.isdir(path) and not (dirs and dirs(path)):
+            inside = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                            for name in names if name.endswith(suffixes))
+            if not inside:
+                raise ConfigError(f"task.{key}: {pattern} is a directory without "
+                                  f"{' or '.join('*' + s for s in suffixes)} files")
+            found += inside
+        elif os.path.exists(path):
+            found.append(path)
+        else:
+            raise ConfigError(f"task.{key}: {pattern} does not exist")
+    return list(dict.fromkeys(found))
+
+
+def _batch_rows(batches: Iterable[Any], keep: Callable[[int], bool] | None) -> Iterator[Any]:
+    """Rows of arrow record batches (or tables); only rows ``keep`` accepts are decoded."""
+    start = 0
+    for batch in batches:
+        size = batch.num_rows
+        wanted = range(size) if keep is None else [i for i in range(size) if keep(start + i)]
+        if len(wanted) == size:
+            yield from batch.to_pylist()
+        else:
+            decoded = dict(zip(wanted, batch.take(wanted).to_pylist() if wanted else [],
+                               strict=True))
+            for i in range(size):
+                yield decoded.get(i)
+        start += size
+
+
+# ---- the task sources ----------------------------------------------------------------
+
+
+class FileTasks(TaskSource):
+    """Rows of local files as tasks (the reader is the subclass's): ids, eval split,
+    prompt-length filter, checks and counts are shared."""
+
+    config_cls: ClassVar[type] = FileTaskConfig
+    #: files a directory stands for
+    suffixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: Any = None, *, prompt_encoder: PromptEncoder | None = None
+                 ) -> None:
+        super().__init__(config if config is not None else self.config_cls())
+        self._encoder = prompt_encoder
+        self._check_config()
+        self._sources_cache: dict[str, list[_Source]] = {}
+        self._held_cache: frozenset[int] | None = None
+        self._eval_cache: list[Task] | None = None
+        #: per file list: 0 unknown, _FITS or _TOO_LONG for each row index
+        self._lengths: dict[str, bytearray] = {"train": bytearray(), "eval": bytearray()}
+        #: rows of the training files any pass has reached; counts never double per epoch
+        self._train_seen = 0
+        self._counts = dict.fromkeys(
+            ("rows", "train", "eval", "skipped_too_long", "skipped_invalid"), 0)
+        self._warnings = 0
+
+    # -- config ---------------------------------------------------------------------
+
+    def _option(self) -> str:
+        return f"task={self.config.name}"
+
+    def _check_config(self) -> None:
+        """Mistakes visible in the config alone, found before any file is opened."""
+        cfg = self.config
+        if not _as_list(cfg.train_files):
+            raise ConfigError(f"{self._option()} needs task.train_files (paths or globs)")
+        if cfg.eval_size < 0:
+            raise ConfigError(f"task.eval_size={cfg.eval_size} must be 0 or more")
+        if cfg.eval_size and _as_list(cfg.eval_files):
+            raise ConfigError("task.eval_size and task.eval_files are both set: give one")
+        if not cfg.prompt_key:
+            raise ConfigError("task.prompt_key is empty")
+        if cfg.max_prompt_tokens is not None and cfg.max_prompt_tokens <= 0:
+            raise ConfigError(f"task.max_prompt_tokens={cfg.max_prompt_tokens} must be "
+                              "positive (or null for no limit)")
+
+    def _eval_origin(self) -> bool:
+        """Whether held-out rows come from their own files rather than the training rows."""
+        return bool(_as_list(self.config.eval_files))
+
+    # -- reading, per format ----------------------------------------------------------
+
+    def _sources(self, origin: str) -> list[_Source]:
+        """The sources of the training (``origin="train"``) or eval files, resolved once."""
+        if origin not in self._sources_cache:
+            key = f"{origin}_files"
+            paths = expand(_as_list(getattr(self.config, key)), key, self.suffixes)
+            self._sources_cache[origin] = [_Source(p, (p,)) for p in paths]
+        return self._sources_cache[origin]
+
+    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+        """Every row of ``source`` in order; rows ``keep`` rejects need not be decoded."""
+        raise NotImplementedError
+
+    def _count(self, source: _Source) -> int:
+        return sum(1 for _ in self._read(source, lambda _: False))
+
+    # -- rows to tasks ------------------------------------------------------------------
+
+    def _scan(self, origin: str, keep: Callable[[int], bool] | None = None
+              ) -> Iterator[tuple[int, _Source, _Raw]]:
+        """Rows of every source of ``origin`` with their index across the sources."""
+        index = 0
+        for source in self._sources(origin):
+            local = None if keep is None else (lambda pos, off=index: keep(off + pos))
+            for raw in self._read(source, local):
+                yield index, source, raw
+                index += 1
+
+    def _parse(self, data: Any) -> tuple[dict[str, Any], Any, str | None, str | None, str]:
+        """The row as JSON-safe fields, its prompt, answer, own id and task type."""
+        cfg = self.config
+        row = json_safe(data)
+        prompt = resolve(row, cfg.prompt_key)
+        check_prompt(prompt, cfg.prompt_key)
+        answer = answer_text(resolve(row, cfg.answer_key)) if cfg.answer_key else None
+        task_id = None
+        if cfg.id_key:
+            value = resolve(row, cfg.id_key)
+            if value is None or value == "":
+                raise RowError(f"the id '{cfg.id_key}' is empty")
+            task_id = answer_text(value)
+        task_type = "default"
+        if cfg.task_type_key:
+            value = resolve(row, cfg.task_type_key)
+            task_type = "default" if value is None else str(answer_text(value))
+        return row, prompt, answer, task_id, task_type
+
+    def _task(self, origin: str, split: str, index: int, source: _Source, raw: _Raw,
+              fresh: bool) -> Task | str:
+        """The row's task, or why it is skipped (``"invalid"``, ``"too_long"``)."""
+        try:
+            row, prompt, answer, task_id, task_type = self._parse(raw.data)
+        except RowError as exc:
+            where = _located(source, raw)
+            if raw.number <= PREFLIGHT_ROWS:
+                raise ConfigError(f"{where}: {exc}") from None
+            if fresh:
+                self._warn(f"{where}: {exc}; row skipped")
+            return "invalid"
+        if not self._fits(origin, index, prompt, source, raw):
+            return "too_long"
+        # its own copy (json_safe rebuilds containers): a workflow may extend the prompt
+        return Task(task_id=task_id or f"{split}-{index}", prompt=json_safe(prompt),
+                    answer=answer, task_type=task_type, metadata=row)
+
+    def _warn(self, message: str) -> None:
+        self._warnings += 1
+        if self._warnings <= _MAX_WARNINGS:
+            log.warning("%s", message)
+        if self._warnings == _MAX_WARNINGS:
+            log.warning("further invalid rows are only counted (skipped_invalid)")
+
+    # -- prompt length ------------------------------------------------------------------
+
+    def encoder(self) -> PromptEncoder:
+        """What prompts are measured with: the one given, else ``task.tokenizer``'s."""
+        if self._encoder is None:
+            path = self.config.tokenizer
+            if not path:
+                raise ConfigError("task.max_prompt_tokens needs task.tokenizer (a Hugging "
+                                  "Face model directory; the run's model.path when unset)")
+            from astraflow.text import load_tokenizer
+
+            self._encoder = load_tokenizer(path)
+        return self._encoder
+
+    def prompt_tokens(self, prompt: Any) -> int:
+        """Tokens of ``prompt`` as the node renders it (chat template, system prompt)."""
+        cfg = self.config
+        return len(self.encoder().encode_prompt(
+            prompt, chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt))
+
+    def _fits(self, origin: str, index: int, prompt: Any, source: _Source, raw: _Raw) -> bool:
+        """Whether the prompt is within ``max_prompt_tokens``; each row is measured once
+        per source object, not once per epoch."""
+        limit = self.config.max_prompt_tokens
+        if limit is None:
+            return True
+        marks = self._lengths[origin]
+        if index < len(marks) and marks[index]:
+            return marks[index] == _FITS
+        try:
+            fits = self.prompt_tokens(prompt) <= limit
+        except ValueError as exc:
+            raise ConfigError(f"{_located(source, raw)}: {exc}") from None
+        if index >= len(marks):
+            marks.extend(bytes(index + 1 - len(marks)))
+        marks[index] = _FITS if fits else _TOO_LONG
+        return fits
+
+    # -- splits -----------------------------------------------------------------------
+
+    def rows(self, origin: str = "train") -> int:
+        """Rows in the training (or eval) files, skipped ones included."""
+        return sum(self._count(source) for source in self._sources(origin))
+
+    def _held_out(self) -> frozenset[int]:
+        """Indices of the training rows that form the eval split (``eval_size``)."""
+        if self._held_cache is None:
+            size = self.config.eval_size
+            if self._eval_origin() or not size:
+                self._held_cache = frozenset()
+            else:
+                total = self.rows("train")
+                if size >= total:
+                    raise ConfigError(f"task.eval_size={size} but the training files have "
+                                      f"{total} rows: nothing would be left to train on")
+                rng = random.Random(self.config.seed)
+                self._held_cache = frozenset(rng.sample(range(total), size))
+        return self._held_cache
+
+    def train_tasks(self) -> Iterator[Task]:
+        """One pass over the training rows in file order (the held-out rows left out);
+        every pass yields the same tasks in the same order."""
+        held = self._held_out()
+        keep = (lambda i: i not in held) if held else None
+        for index, source, raw in self._scan("train", keep):
+            fresh = index >= self._train_seen
+            if fresh:
+                self._train_seen = index + 1
+                self._counts["rows"] += 1
+            if raw.data is None:
+                continue
+            task = self._task("train", "train", index, source, raw, fresh)
+            if isinstance(task, Task):
+                self._counts["train"] += fresh
+                yield task
+            elif fresh:
+                self._counts[f"skipped_{task}"] += 1
+
+    def eval_tasks(self) -> list[Task]:
+        """The held-out tasks (read once), as copies the caller may change."""
+        if self._eval_cache is None:
+            self._eval_cache = self._read_eval()
+        return copy.deepcopy(self._eval_cache)
+
+    def _read_eval(self) -> list[Task]:
+        if self._eval_origin():
+            origin, keep, rows = "eval", None, True
+        else:
+            held = self._held_out()
+            if not held:
+                return []
+            origin, keep, rows = "train", held.__contains__, False
+        tasks: list[Task] = []
+        for index, source, raw in self._scan(origin, keep):
+            self._counts["rows"] += rows
+            if raw.data is None:
+                continue
+            task = self._task(origin, "eval", index, source, raw, True)
+            if isinstance(task, Task):
+                tasks.append(task)
+            else:
+                self._counts[f"skipped_{task}"] += 1
+        self._counts["eval"] = len(tasks)
+        return tasks
+
+    def stats(self) -> dict[str, int]:
+        """Rows read, tasks made per split and rows skipped, so far (never per epoch)."""
+        return dict(self._counts)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Open every file, check the first rows' keys and prompts (and measure them when
+        ``max_prompt_tokens`` is set) and the eval split's size."""
+        origins = ["train", "eval"] if self._eval_origin() else ["train"]
+        for origin in origins:
+            found = 0
+            for source in self._sources(origin):
+                for raw in itertools.islice(self._read(source, None), PREFLIGHT_ROWS):
+                    found += 1
+                    self._preflight_row(source, raw)
+            if not found:
+                what = "task.train_files" if origin == "train" else "the eval split"
+                files = ", ".join(s.label for s in self._sources(origin))
+                raise ConfigError(f"{what}: no rows in {files}")
+        self._held_out()
+
+    def _preflight_row(self, source: _Source, raw: _Raw) -> None:
+        try:
+            _, prompt, *_ = self._parse(raw.data)
+        except RowError as exc:
+            raise ConfigError(f"{_located(source, raw)}: {exc}") from None
+        if self.config.max_prompt_tokens is not None:
+            try:
+                self.prompt_tokens(prompt)
+            except ValueError as exc:
+                raise ConfigError(f"{_located(source, raw)}: {exc}") from None
+
+
+class JsonlTasks(FileTasks):
+    """``task=jsonl``: one JSON object per line (``.gz`` files are read compressed);
+    blank lines are skipped, a line that is not a JSON object is an error."""
+
+    config_cls = FileTaskConfig
+    suffixes = (".jsonl", ".jsonl.gz", ".ndjson")
+
+    @staticmethod
+    def _open(path: str) -> IO[str]:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rt", encoding="utf-8-sig")
+        return open(path, encoding="utf-8-sig")
+
+    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+        path = source.paths[0]
+        number = 0
+        try:
+            with self._open(path) as handle:
+                for line_no, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    number += 1
+                    if keep is not None and not keep(number - 1):
+                        yield _Raw(number, line_no, None)
+                        continue
+                    yield _Raw(number, line_no, self._decode(line, source.label, line_no))
+        except (UnicodeDecodeError, OSError) as exc:
+            raise ConfigError(f"{source.label} cannot be read as UTF-8 JSON lines: "
+                              f"{exc}") from None
+
+    @staticmethod
+    def _decode(line: str, label: str, line_no: int) -> dict[str, Any]:
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            hint = ("; a JSON array is not JSON lines (task=hf_dataset reads .json arrays)"
+                    if line_no == 1 and line.lstrip().startswith("[") else "")
+            raise ConfigError(f"{label} line {line_no}: not valid JSON ({exc.msg} at "
+                              f"column {exc.colno}){hint}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{label} line {line_no}: expected a JSON object, got "
+                              f"{type(data).__name__}")
+        return data
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _need(module: str, option: str) -> Any:
+    """An optional dependency, or a one-line error naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = module.split(".")[0]
+        raise ConfigError(f"{option} needs {package}: {_DATA_EXTRA}") from None
+
+
+class ParquetTasks(FileTasks):
+    """``task=parquet``: parquet files, decoded one record batch at a time."""
+
+    config_cls = ParquetTaskConfig
+    suffixes = (".parquet", ".pq")
+
+    def _file(self, source: _Source) -> Any:
+        pq = _need("pyarrow.parquet", self._option())
+        try:
+            return pq.ParquetFile(source.paths[0])
+        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+            raise ConfigError(f"{source.label} is not a readable parquet file: "
+                              f"{_first_line(exc)}") from None
+
+    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+        handle = self._file(source)
+        try:
+            batches = handle.iter_batches(batch_size=_BATCH_ROWS)
+            for number, data in enumerate(_batch_rows(batches, keep), 1):
+                yield _Raw(number, None, data)
+        finally:
+            handle.close()
+
+    def _count(self, source: _Source) -> int:
+        handle = self._file(source)
+        try:
+            return int(handle.metadata.num_rows)
+        finally:
+            handle.close()
+
+
+class VerlTasks(ParquetTasks):
+    """``task=verl``: verl's parquet files, read with verl's keys."""
+
+    config_cls = VerlTaskConfig
+
+
+#: ``datasets.load_dataset`` builders by file suffix
+_HF_FORMATS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".parquet": "parquet",
+               ".csv": "csv", ".arrow": "arrow", ".txt": "text"}
+
+
+def _saved_dataset(path: str) -> bool:
+    """Whether ``path`` is a directory written by ``save_to_disk``."""
+    return os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, name))
+        for name in ("dataset_dict.json", "state.json"))
+
+
+def _hf_format(path: str) -> str | None:
+    for suffix in sorted(_HF_FORMATS, key=len, reverse=True):
+        if path.endswith(suffix):
+            return _HF_FORMATS[suffix]
+    return None
+
+
+class HFDatasetTasks(FileTasks):
+    """``task=hf_dataset``: each ``save_to_disk`` directory is one source (``split`` of a
+    ``DatasetDict``); each other path or glob is one ``load_dataset`` over its files."""
+
+    config_cls = HFDatasetTaskConfig
+    suffixes = tuple(_HF_FORMATS)
+
+    def __init__(self, config: Any = None, *, prompt_encoder: PromptEncoder | None = None
+                 ) -> None:
+        super().__init__(config, prompt_encoder=prompt_encoder)
+        self._datasets: dict[_Source, Any] = {}
+
+    def _check_config(self) -> None:
+        super()._check_config()
+        cfg = self.config
+        if cfg.eval_split and cfg.eval_size:
+            raise ConfigError("task.eval_split and task.eval_size are both set: give one")
+
+    def _eval_origin(self) -> bool:
+        return super()._eval_origin() or bool(self.config.eval_split)
+
+    def _sources(self, origin: str) -> list[_Source]:
+        """Saved datasets (with the split to take) and file sets of one origin.
+
+        Eval rows come from ``eval_files`` when given, else from ``eval_split`` of the
+        training paths; a saved ``DatasetDict`` among ``eval_files`` gives ``eval_split``
+        when set, else ``split``.
+        """
+        if origin not in self._sources_cache:
+            cfg = self.config
+            from_eval_files = origin == "eval" and bool(_as_list(cfg.eval_files))
+            own_files = origin == "train" or from_eval_files  # else: eval_split of train_files
+            key = "eval_files" if from_eval_files else "train_files"
+            split = cfg.split if origin == "train" else cfg.eval_split or cfg.split
+            sources = []
+            for pattern in _as_list(getattr(cfg, key)):
+                paths = expand([pattern], key, self.suffixes, dirs=_saved_dataset)
+                sources += [_Source(p if own_files else f"{p} [{split}]", (p,), split)
+                            for p in paths if _saved_dataset(p)]
+                files = [p for p in paths if not _saved_dataset(p)]
+                if files and not own_files:
+                    raise ConfigError(f"task.eval_split needs save_to_disk directories in "
+                                      f"task.train_files; {pattern} holds data files")
+                if files:
+                    sources.append(_Source(pattern if len(files) > 1 else files[0],
+                                           tuple(files)))
+            self._sources_cache[origin] = sources
+        return self._sources_cache[origin]
+
+    def _dataset(self, source: _Source) -> Any:
+        """The source as a ``datasets.Dataset`` (memory-mapped; loaded once)."""
+        if source not in self._datasets:
+            self._datasets[source] = self._load(source)
+        return self._datasets[source]
+
+    def _load(self, source: _Source) -> Any:
+        datasets = _need("datasets", self._option())
+        if source.split is not None:
+            try:
+                loaded = datasets.load_from_disk(source.paths[0])
+            except Exception as exc:
+                raise ConfigError(f"{source.paths[0]} cannot be loaded with "
+                                  f"datasets.load_from_disk: {_first_line(exc)}") from None
+            return self._pick_split(loaded, source, datasets)
+        formats = {_hf_format(p) for p in source.paths}
+        if None in formats or len(formats) > 1:
+            raise ConfigError(f"{source.label}: data files must share one format (by suffix: "
+                              f"{', '.join(_HF_FORMATS)})")
+        try:
+            return datasets.load_dataset(formats.pop(), data_files=list(source.paths),
+                                         split="train")
+        except Exception as exc:
+            raise ConfigError(f"{source.label} cannot be loaded with datasets.load_dataset: "
+                              f"{_first_line(exc)}") from None
+
+    @staticmethod
+    def _pick_split(loaded: Any, source: _Source, datasets: Any) -> Any:
+        """The configured split of a saved ``DatasetDict`` (a saved ``Dataset`` is whole)."""
+        if not isinstance(loaded, datasets.DatasetDict):
+            return loaded
+        if source.split not in loaded:
+            raise ConfigError(f"{source.paths[0]} has no split '{source.split}' (splits: "
+                              f"{', '.join(loaded)})")
+        return loaded[source.split]
+
+    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+        # arrow rows, not the dataset's Python format: images and audio stay undecoded
+        table = self._dataset(source).with_format("arrow")
+        batches = table.iter(batch_size=_BATCH_ROWS)
+        for number, data in enumerate(_batch_rows(batches, keep), 1):
+            yield _Raw(number, None, data)
+
+    def _count(self, source: _Source) -> int:
+        return len(self._dataset(source))
+
+
+__all__ = [
+    "FileTaskConfig",
+    "FileTasks",
+    "HFDatasetTaskConfig",
+    "HFDatasetTasks",
+    "JsonlTasks",
+    "ParquetTaskConfig",
+    "ParquetTasks",
+    "VerlTaskConfig",
+    "VerlTasks",
+    "json_safe",
+]
