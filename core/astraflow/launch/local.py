@@ -319,8 +319,13 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
         # solver trained next to a verifier starts as strong as one trained alone
         model_cfg.warmstart_steps = math.ceil(
             model_cfg.warmstart_steps * len(examples) / max(len(tasks), 1))
-        cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
-                                         warmstart_tasks=examples)
+        try:
+            cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
+                                             warmstart_tasks=examples)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model.path is unset, so the run would start from the built-in "
+                              f"tiny model, which cannot learn task={cfg.task.name} ({exc}); "
+                              "set model.path to your checkpoint") from exc
         if "tokenizer" in cfg.task and not cfg.task.tokenizer:
             cfg.task.tokenizer = cfg.model.path
         preflight.check_prompts(cfg, source)

@@ -16,6 +16,7 @@ class HFConfig:
     dtype: str = "float32"  # float32 | bfloat16
     max_batch_size: int = 256  # sequences per forward pass (after expanding n)
     num_threads: int = 1  # torch intra-op threads of this engine
+    device: str = "auto"  # auto (the first CUDA device if any, else cpu) | cpu | cuda[:N]
 
 
 @hookimpl

@@ -31,6 +31,17 @@ class _Pending:
     future: asyncio.Future = field(repr=False)
 
 
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Tensors that share storage with one named before them (tied embeddings): a
+    checkpoint stores them once."""
+    seen, tied = set(), set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            tied.add(name)
+        seen.add(tensor.data_ptr())
+    return tied
+
+
 class HFRolloutBackend(RolloutBackend):
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
@@ -40,10 +51,12 @@ class HFRolloutBackend(RolloutBackend):
         self._open = asyncio.Event()
         self._idle = asyncio.Event()
         self.model = None
+        self._tied: set[str] = set()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.model = await loop.run_in_executor(self._executor, self._load)
+        self._tied = tied_names(self.model)
         self._queue = asyncio.Queue()
         self._open.set()
         self._idle.set()
@@ -51,10 +64,13 @@ class HFRolloutBackend(RolloutBackend):
 
     def _load(self):
         torch.set_num_threads(self.config.num_threads)
+        device = self.config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=DTYPES[self.config.dtype], local_files_only=True
         )
-        return model.eval()
+        return model.to(device).eval()
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
         if self._queue is None:
@@ -118,8 +134,8 @@ class HFRolloutBackend(RolloutBackend):
         greedy = first.temperature <= 0
         stop = list(first.stop_token_ids)
         generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention.to(model.device),
             do_sample=not greedy,
             temperature=None if greedy else first.temperature,
             top_p=None if greedy else first.top_p,
@@ -159,6 +175,7 @@ class HFRolloutBackend(RolloutBackend):
         missing, unexpected = self.model.load_state_dict(
             {k: v.to(dtype) for k, v in state.items()}, strict=False
         )
+        missing = [k for k in missing if k not in self._tied]  # loaded with their twin
         if unexpected or missing:
             raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")

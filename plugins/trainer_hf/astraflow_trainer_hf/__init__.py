@@ -11,9 +11,14 @@ from astraflow.rl.options import PolicyGradientOptions
 
 @dataclass
 class HFConfig(PolicyGradientOptions):
-    """Settings of ``trainer=hf``: the shared optimisation settings."""
+    """Settings of ``trainer=hf``: the shared optimisation settings, and the device.
+
+    ``device``: ``auto`` trains on the first CUDA device when there is one, else on the
+    CPU; or ``cpu``, ``cuda``, ``cuda:N``.
+    """
 
     name: str = "hf"
+    device: str = "auto"
 
 
 @hookimpl

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
@@ -26,8 +26,22 @@ _STATE_FILE = "trainer_state.json"
 _FORMAT = 1
 
 
-def _load_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+def _load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                local_files_only=True).to(device)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"device={name!r}: use auto, cpu, cuda or cuda:N ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but torch sees no CUDA device here")
+    return device
 
 
 class HFTrainerBackend(PolicyGradientBackend):
@@ -39,10 +53,12 @@ class HFTrainerBackend(PolicyGradientBackend):
         self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
-        self.model = _load_model(model_path, self.dtype).train()
+        self.device = resolve_device(config.device)
+        self.model = _load_model(model_path, self.dtype, self.device).train()
         self.reference = None
         if config.kl_coef:
-            self.reference = _load_model(model_path, self.dtype).eval().requires_grad_(False)
+            self.reference = _load_model(model_path, self.dtype,
+                                         self.device).eval().requires_grad_(False)
         pad = self.model.config.pad_token_id
         self.pad_token_id: int = 0 if pad is None else int(pad)
         self.optimizer = torch.optim.AdamW(
@@ -61,10 +77,15 @@ class HFTrainerBackend(PolicyGradientBackend):
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) in ``export_dtype``: later steps never change it."""
-        return {
-            name: tensor.detach().to(self.export_dtype, copy=True)
-            for name, tensor in self.model.state_dict().items()
-        }
+        out, seen = {}, set()
+        for name, tensor in self.model.state_dict().items():
+            # tied weights (e.g. embeddings shared with the output layer) are published
+            # once, under the first name, as the checkpoint itself stores them
+            if tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.detach().to(device="cpu", dtype=self.export_dtype, copy=True)
+        return out
 
     # -- persistence ---------------------------------------------------------------
 
@@ -75,15 +96,12 @@ class HFTrainerBackend(PolicyGradientBackend):
         """
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        save_file(
-            {k: v.detach().contiguous() for k, v in self.model.state_dict().items()},
-            str(out / _MODEL_FILE),
-        )
+        save_model(self.model, str(out / _MODEL_FILE))  # stores tied weights once
         names = {id(p): name for name, p in self.model.named_parameters()}
         moments = {}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
-                moments[f"{names[id(param)]}::{key}"] = value.detach().contiguous()
+                moments[f"{names[id(param)]}::{key}"] = value.detach().cpu().contiguous()
         save_file(moments, str(out / _OPTIMIZER_FILE))
         groups = [
             {k: v for k, v in group.items() if k != "params"}
@@ -109,7 +127,7 @@ class HFTrainerBackend(PolicyGradientBackend):
             raise ValueError(
                 f"{src} was trained in {state['dtype']}, this trainer uses {self.config.dtype}"
             )
-        self.model.load_state_dict(load_file(str(src / _MODEL_FILE)), strict=True)
+        load_model(self.model, str(src / _MODEL_FILE), strict=True, device=str(self.device))
         moments = load_file(str(src / _OPTIMIZER_FILE))
         index = {name: i for i, (name, _) in enumerate(self.model.named_parameters())}
         per_param: dict[int, dict[str, torch.Tensor]] = {}
