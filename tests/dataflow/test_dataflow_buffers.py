@@ -227,3 +227,29 @@ def test_dynamic_sampling_drops_equal_reward_groups(start_server, connect):
     assert (mixed["accepted"], mixed["filtered"]) == (3, 0)
     st = c.status()
     assert st["trajectories"]["filtered"] == 3 and st["tasks"]["completed"] == 2
+
+
+def test_failed_rewards_get_no_advantage_and_are_counted(start_server, connect):
+    """A sample whose reward raised carries no judgement: zero advantage, left out of its
+    group's mean and std, and counted with its first traceback in the status."""
+    from astraflow.rewards.base import ERROR, FAILED
+    from astraflow.rl.advantages import group_advantages
+
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 2}, group_size=4)
+    c = connect(server)
+    c.register("raas")
+
+    def with_failures(task_id):
+        trajs = group(task_id, [1.0, 0.0, 0.0, 0.0])
+        for traj in trajs[2:]:
+            traj.metadata.update({FAILED: True, ERROR: "Traceback ...\nKeyError: 'x'"})
+        return trajs
+
+    _lease_and_submit(c, with_failures)
+    batch = c.get_batch("policy", 4, timeout=5)
+    advantages = sorted(item.advantage for item in batch.items)
+    expected = sorted([*group_advantages([1.0, 0.0]), 0.0, 0.0])
+    assert advantages == pytest.approx(expected)
+    st = c.status()["policies"]["policy"]
+    assert (st["reward_failed"], st["produced"]) == (2, 4)
+    assert st["first_reward_error"].endswith("KeyError: 'x'")

@@ -1,0 +1,102 @@
+"""A set-up mistake stops the run before anything starts, in one line naming what and
+where; a component that dies before it ever worked is not restarted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def launch(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "astraflow", f"run_dir={tmp_path / 'run'}",
+         "launcher.progress=false", *overrides],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def refused(proc: subprocess.CompletedProcess, tmp_path: Path) -> str:
+    """The one line the user reads; nothing was started or written."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("astraflow: error: ")
+    assert not (tmp_path / "run").exists()
+    return lines[0]
+
+
+@pytest.fixture
+def rows(tmp_path: Path) -> Path:
+    path = tmp_path / "data" / "train.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                            for i in range(20)))
+    return path
+
+
+def test_a_missing_dataset_file(tmp_path, tiny_model_dir):
+    line = refused(launch(tmp_path, "task=jsonl", "task.train_files=[data/nope.jsonl]",
+                          f"model.path={tiny_model_dir}"), tmp_path)
+    assert str(tmp_path / "data" / "nope.jsonl") in line
+
+
+def test_a_row_without_the_prompt_key(tmp_path, tiny_model_dir):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
+    line = refused(launch(tmp_path, "task=jsonl", f"task.train_files=[{path}]",
+                          f"model.path={tiny_model_dir}"), tmp_path)
+    assert str(path) in line and "'prompt'" in line and "question" in line
+
+
+def test_a_tokenizer_without_an_end_of_sequence_token(tmp_path, tiny_model_dir, rows):
+    model = tmp_path / "no-eos"
+    shutil.copytree(tiny_model_dir, model)
+    for name in ("tokenizer_config.json", "config.json", "generation_config.json"):
+        path = model / name
+        if path.exists():
+            data = json.loads(path.read_text())
+            data.pop("eos_token", None)
+            data.pop("eos_token_id", None)
+            path.write_text(json.dumps(data))
+    line = refused(launch(tmp_path, "task=jsonl", f"task.train_files=[{rows}]",
+                          f"model.path={model}"), tmp_path)
+    assert str(model) in line and "end-of-sequence" in line
+
+
+def test_a_reward_file_that_does_not_import(tmp_path, tiny_model_dir, rows):
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text("import numpy\nfrom nowhere import judge\n\ndef score(task, text):\n"
+                      "    return 1.0\n")
+    line = refused(launch(tmp_path, "task=jsonl", f"task.train_files=[{rows}]",
+                          f"model.path={tiny_model_dir}", "reward=python",
+                          "reward.path=my_rewards.py"), tmp_path)
+    assert str(reward) in line and "nowhere" in line
+
+
+def test_a_reward_function_that_does_not_exist(tmp_path, tiny_model_dir, rows):
+    (tmp_path / "my_rewards.py").write_text("def score(task, text):\n    return 1.0\n")
+    line = refused(launch(tmp_path, "task=jsonl", f"task.train_files=[{rows}]",
+                          f"model.path={tiny_model_dir}", "reward=python",
+                          "reward.path=my_rewards.py", "reward.function=scroe"), tmp_path)
+    assert "scroe" in line and "score" in line
+
+
+def test_a_component_that_dies_before_it_worked_is_not_restarted(tmp_path, tiny_model_dir):
+    """A truncated checkpoint passes the tokenizer check but no engine can load it: the
+    first component to die stops the run with the end of its log, and nothing is
+    restarted to die the same way again."""
+    model = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    proc = launch(tmp_path, f"model.path={model}", "+experiment=smoke")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "before it started working, so it is not restarted" in proc.stderr
+    assert "  | " in proc.stderr  # the end of the component's log, on the console
+    assert "restarting it" not in proc.stderr
+    events = tmp_path / "run" / "metrics" / "launcher.jsonl"
+    assert not events.exists() or "restart" not in events.read_text()

@@ -1,0 +1,82 @@
+"""A reward is user code: whatever it does, the sample is scored and the node goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from astraflow.rewards.base import FAILED, METRICS, RewardRunner, reward_metric_means
+from astraflow.rl.advantages import group_advantages
+from astraflow.types import Task
+
+TASK = Task("t", "2+2=", "4")
+
+
+def score(reward, timeout: float = 2.0):
+    return asyncio.run(RewardRunner(reward, timeout=timeout).score(TASK, "4"))
+
+
+def test_a_float_a_dict_and_an_async_reward_all_score():
+    assert score(lambda task, completion: 1.0).value == 1.0
+    result = score(lambda task, completion: {"score": 0.5, "length": 3})
+    assert (result.value, result.metrics, result.failed) == (0.5, {"length": 3.0}, False)
+
+    async def judged(task, completion):
+        await asyncio.sleep(0)
+        return float(completion == task.answer)
+
+    assert score(judged).value == 1.0
+
+
+def test_a_raising_reward_fails_the_sample_with_its_traceback():
+    def broken(task, completion):
+        raise KeyError("ground_truth")
+
+    result = score(broken)
+    assert result.failed and result.value == 0.0
+    assert "KeyError: 'ground_truth'" in result.error and "broken" in result.error
+    assert result.metadata()[FAILED] is True
+
+
+@pytest.mark.parametrize("bad", [None, "1.0", float("nan"), {"value": 1.0}, True])
+def test_a_reward_returning_no_number_fails_the_sample(bad):
+    result = score(lambda task, completion: bad)
+    assert result.failed and result.value == 0.0
+
+
+def test_a_hung_reward_times_out_and_the_others_are_still_scored():
+    release = threading.Event()
+
+    def slow(task, completion):
+        if completion == "hang":
+            release.wait(10)
+        return 1.0
+
+    async def both():
+        runner = RewardRunner(slow, timeout=0.3)
+        return await asyncio.gather(runner.score(TASK, "hang"), runner.score(TASK, "4"))
+
+    started = time.monotonic()
+    hung, fine = asyncio.run(both())
+    release.set()
+    assert time.monotonic() - started < 5
+    assert hung.failed and "reward.timeout=0.3" in hung.error
+    assert not fine.failed and fine.value == 1.0
+
+
+def test_failed_samples_are_kept_out_of_the_group_statistics():
+    rewards = [1.0, 0.0, 0.0, 0.0]
+    # the failed sample (scored 0.0) neither lowers the mean nor earns an advantage
+    with_failure = group_advantages(rewards, failed=[False, False, True, True])
+    assert with_failure[2:] == [0.0, 0.0]
+    assert with_failure[:2] == pytest.approx(group_advantages([1.0, 0.0]))
+    assert group_advantages(rewards, failed=[True] * 4) == [0.0] * 4
+    assert group_advantages(rewards) == group_advantages(rewards, failed=[False] * 4)
+
+
+def test_extra_metrics_are_averaged_per_batch():
+    metas = [{METRICS: {"len": 2.0}}, {METRICS: {"len": 4.0, "found": 1.0}}, {}]
+    assert reward_metric_means(metas) == {"reward/found": 1.0, "reward/len": 3.0}
