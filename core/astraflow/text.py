@@ -211,6 +211,31 @@ class TextTokenizer:
         return self._encode((system_prompt or "") + prompt, add_special_tokens=True)
 
 
+#: a checkpoint's files that describe its tokenizer and generation settings
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def copy_tokenizer_files(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Copy the tokenizer files as they are: a tokenizer re-saved through ``transformers``
+    can come out different (its class for the model type may replace the
+    pre-tokenizer), and the trained model must keep the ids it was trained on."""
+    import shutil
+
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy(Path(src) / name, Path(dst) / name)
+
+
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> TextTokenizer:
     """The tokenizer of a Hugging Face checkpoint directory (local files only)."""
     root = Path(model_dir)

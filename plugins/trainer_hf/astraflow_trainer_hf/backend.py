@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
+from astraflow.text import copy_tokenizer_files
 
 _MODEL_FILE = "model.safetensors"
 _OPTIMIZER_FILE = "optimizer.safetensors"
@@ -143,9 +144,6 @@ class HFTrainerBackend(PolicyGradientBackend):
         self.step = int(state["step"])
 
     def save_pretrained(self, path: str) -> None:
-        """The model in its training dtype, plus the tokenizer it was loaded with."""
+        """The model in its training dtype, plus the tokenizer files it was loaded with."""
         self.model.save_pretrained(path)
-        if (Path(self.model_path) / "tokenizer_config.json").exists():
-            AutoTokenizer.from_pretrained(self.model_path, local_files_only=True).save_pretrained(
-                path
-            )
+        copy_tokenizer_files(self.model_path, path)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
+from astraflow.text import copy_tokenizer_files
 
 with warnings.catch_warnings():
     # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
@@ -42,18 +43,6 @@ with warnings.catch_warnings():
 
 _STATE_FILE = "trainer_state.json"
 _FORMAT = 1
-#: files of a Hugging Face checkpoint that describe the model without its weights
-_HF_SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 def _build_model(
@@ -214,6 +203,8 @@ class MegatronTrainerBackend(PolicyGradientBackend):
     def export_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot (CPU copies) by Hugging Face names in ``export_dtype``."""
         hf = convert.megatron_to_hf(self._full_state(), self.arch)
+        if self.arch.tied:  # stored once, as in the checkpoint: engines re-tie it
+            del hf["lm_head.weight"]
         return {
             name: t.to(device="cpu", dtype=self.export_dtype, copy=True).contiguous()
             for name, t in hf.items()
@@ -303,9 +294,8 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             return
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        for name in _HF_SIDE_FILES:
-            if (Path(self.model_path) / name).exists():
-                shutil.copy(Path(self.model_path) / name, out / name)
+        shutil.copy(Path(self.model_path) / "config.json", out / "config.json")
+        copy_tokenizer_files(self.model_path, out)
         config = json.loads((out / "config.json").read_text())
         config["dtype"] = self.config.dtype
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
