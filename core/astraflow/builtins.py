@@ -3,6 +3,9 @@
 from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
 from astraflow.rewards.base import RewardConfig
+from astraflow.rewards.math import MathConfig
+from astraflow.rewards.python import PythonRewardConfig
+from astraflow.rewards.regex import RegexConfig
 from astraflow.tasks.arithmetic import ArithmeticConfig
 from astraflow.tasks.files import (
     FileTaskConfig,
@@ -47,6 +50,12 @@ def astraflow_register_tasks(register):
 def astraflow_register_rewards(register):
     register("exact_match", "astraflow.rewards.exact_match:ExactMatch", RewardConfig,
              description="1.0 when the completion equals the answer.")
+    register("math", "astraflow.rewards.math:MathReward", MathConfig,
+             description="Final answer (\\boxed{}, ####, last number) equivalent to the answer.")
+    register("regex", "astraflow.rewards.regex:RegexReward", RegexConfig,
+             description="The pattern's first group in the completion equals the answer.")
+    register("python", "astraflow.rewards.python:PythonReward", PythonRewardConfig,
+             description="A function in your own file: reward.path=FILE reward.function=NAME.")
 
 
 @hookimpl

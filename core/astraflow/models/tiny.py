@@ -197,22 +197,44 @@ def _warmstart(
     model: Any, tokenizer: TextTokenizer, tasks: list[Task], model_cfg: ModelConfig, seed: int
 ) -> None:
     """Supervised steps on answer + <eos> tokens only (the prompt is context)."""
+    eos = tokenizer.eos_token_id
+    examples = [
+        (tokenizer.encode(task.prompt), [*tokenizer.encode(task.answer or ""), eos])
+        for task in tasks
+    ]
+    supervised_steps(model, examples, steps=model_cfg.warmstart_steps, lr=_WARMSTART_LR,
+                     batch=_WARMSTART_BATCH, pad_token_id=tokenizer.pad_token_id, seed=seed)
+
+
+def supervised_steps(
+    model: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    steps: int,
+    lr: float,
+    batch: int,
+    pad_token_id: int,
+    seed: int,
+) -> None:
+    """AdamW steps on (prompt ids, target ids) pairs, the loss on target tokens only.
+
+    Batches are drawn with replacement by ``random.Random(seed)``, so the same examples
+    and seed train the same weights. Sequences are right-padded and the model is causal,
+    so padding never reaches a trained position and no attention mask is needed.
+    """
     import torch
 
     from astraflow.rl.losses import token_logprobs
 
-    examples = []
-    for task in tasks:
-        prompt = tokenizer.encode(task.prompt)
-        target = [*tokenizer.encode(task.answer or ""), tokenizer.eos_token_id]
-        examples.append((prompt + target, [0] * len(prompt) + [1] * len(target)))
+    rows = [([*prompt, *target], [0] * len(prompt) + [1] * len(target))
+            for prompt, target in examples]
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=_WARMSTART_LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    for _ in range(model_cfg.warmstart_steps):
-        chosen = [examples[rng.randrange(len(examples))] for _ in range(_WARMSTART_BATCH)]
+    for _ in range(steps):
+        chosen = [rows[rng.randrange(len(rows))] for _ in range(batch)]
         width = max(len(ids) for ids, _ in chosen)
-        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s, _ in chosen])
+        ids = torch.tensor([s + [pad_token_id] * (width - len(s)) for s, _ in chosen])
         mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chosen], dtype=torch.float32)
         logp = token_logprobs(model(input_ids=ids).logits, ids)
         loss = -(logp * mask).sum() / mask.sum()

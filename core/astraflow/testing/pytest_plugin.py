@@ -32,7 +32,34 @@ def tiny_model_dir() -> str:
     from astraflow.models.tiny import make_tiny_model
     from astraflow.tasks.arithmetic import ArithmeticTasks
 
-    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-    out = cache / "models" / "test-tiny-arithmetic-seed0"
+    out = _models_cache() / "test-tiny-arithmetic-seed0"
     tasks = list(ArithmeticTasks().train_tasks())
     return make_tiny_model(out, ModelConfig(), seed=0, warmstart_tasks=tasks)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir() -> str:
+    """A Qwen2-layout checkpoint as users bring one: byte-level BPE, ChatML, a chat template,
+    ``<|im_end|>`` and ``<|endoftext|>`` as stop tokens, tied embeddings, one KV head.
+
+    Random weights, shared by the whole session and cached like ``tiny_model_dir``: copy
+    it before training it in place (:func:`astraflow.testing.models.sft_warmstart`).
+    """
+    from astraflow.testing.models import make_chat_model
+
+    return make_chat_model(_models_cache() / "test-chat-qwen2-seed0", arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def wordlevel_model_dir() -> str:
+    """A Llama checkpoint with a word-level tokenizer, ``<s>``/``</s>``, no pad token and no
+    chat template (random weights; shared and cached as ``chat_model_dir``)."""
+    from astraflow.testing.models import make_wordlevel_llama
+
+    return make_wordlevel_llama(_models_cache() / "test-wordlevel-llama-seed0", seed=0)
+
+
+def _models_cache() -> Path:
+    """Where the launcher caches its models too: ``$ASTRAFLOW_CACHE``, else ``~/.cache``."""
+    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+    return cache / "models"

@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Qwen checkpoints <-> Megatron-core ``GPTModel`` parameters.
+"""Hugging Face Llama/Qwen/Mistral checkpoints <-> Megatron-core ``GPTModel`` parameters.
 
 The two layouts hold the same numbers under different names, except for two fused
 tensors: Megatron keeps q, k and v in one ``linear_qkv`` grouped per KV head (each
@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 #: model types whose decoder layer is Megatron's local GPT layer with RMSNorm + SwiGLU
-SUPPORTED = ("llama", "qwen2", "qwen3")
+#: (Mistral's is Llama's, as long as no sliding window limits attention)
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Architecture:
         }
         if kind != "qwen2":  # qwen2 always has q/k/v biases; llama and qwen3 add o_proj's too
             refused["attention_bias"] = (cfg.get("attention_bias", False), False)
+        if kind == "mistral":  # a window needs a mask Megatron's local layer does not build
+            refused["sliding_window"] = (cfg.get("sliding_window"), None)
         for key, (got, want) in refused.items():
             if got != want:
                 raise ValueError(f"{path}: {key}={got!r} is not supported (only {want!r})")

@@ -1,7 +1,9 @@
-"""Llama with grouped KV heads, tied embeddings, Qwen2 (q/k/v biases) and Qwen3 (q/k norms).
+"""Llama with grouped KV heads, tied embeddings, Qwen2 (q/k/v biases), Qwen3 (q/k norms)
+and Mistral (Llama's decoder under its own model type).
 
 The tiny default model has as many KV heads as query heads, which makes the grouped
-q/k/v layout trivial; these random checkpoints do not.
+q/k/v layout trivial; these random checkpoints do not. The Mistral one is a whole
+checkpoint as users bring it (BPE tokenizer, chat template, generation config).
 """
 
 import json
@@ -12,9 +14,11 @@ import pytest
 import torch
 from astraflow_trainer_megatron import MegatronConfig
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from astraflow.plugins import get_registry
+from astraflow.testing.models import make_chat_model
 from astraflow.testing.trainer import arithmetic_batch
 
 SHAPE = {
@@ -33,6 +37,10 @@ CONFIGS = {
     "qwen2": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False),
     "qwen3": lambda: Qwen3Config(**SHAPE, tie_word_embeddings=False),
 }
+#: whole checkpoints, made in the given directory
+CHECKPOINTS = {
+    "mistral": lambda path: make_chat_model(path, arch="mistral"),
+}
 
 
 def _megatron(model_dir: Path, **settings: Any) -> Any:
@@ -40,10 +48,14 @@ def _megatron(model_dir: Path, **settings: Any) -> Any:
     return get_registry().get("trainer_backend", "megatron").create(config, str(model_dir))
 
 
-@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("kind", sorted([*CONFIGS, *CHECKPOINTS]))
 def test_checkpoint_round_trips_and_computes_the_same_logits(kind: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(CONFIGS[kind]()).float().eval()
+    if kind in CHECKPOINTS:
+        made = CHECKPOINTS[kind](tmp_path)
+        hf = AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval()
+    else:
+        hf = AutoModelForCausalLM.from_config(CONFIGS[kind]()).float().eval()
     with torch.no_grad():  # random biases and norms too, so a misplaced one shows
         for param in hf.parameters():
             param.normal_(0.0, 0.1)
@@ -51,11 +63,12 @@ def test_checkpoint_round_trips_and_computes_the_same_logits(kind: str, tmp_path
     backend = _megatron(tmp_path, export_dtype="float32")
 
     exported = backend.export_weights()
-    assert exported.keys() == hf.state_dict().keys()
-    for name, tensor in hf.state_dict().items():
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert exported.keys() == saved.keys()  # a tied lm_head is stored once, as saved
+    for name, tensor in saved.items():
         assert torch.equal(exported[name], tensor), name
 
-    ids = torch.randint(0, SHAPE["vocab_size"], (2, 24))
+    ids = torch.randint(0, hf.config.vocab_size, (2, 24))
     with torch.no_grad():
         diff = (backend.logits(backend.model, ids) - hf(input_ids=ids).logits).abs().max()
     assert float(diff) < 1e-4
@@ -66,6 +79,10 @@ def test_unsupported_checkpoints_and_layouts_are_refused_clearly(
 ) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported.*llama, qwen2"):
+        _megatron(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral",
+                                                      "sliding_window": 4096}))
+    with pytest.raises(ValueError, match=r"sliding_window=4096 is not supported \(only None\)"):
         _megatron(tmp_path)
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
         _megatron(Path(tiny_model_dir), tensor_model_parallel_size=2)

@@ -1,0 +1,230 @@
+"""Train your own model on your own data: a Qwen2-layout checkpoint with a byte-level BPE
+tokenizer, ChatML special tokens and a chat template (made here, no hub), dataset files
+written by the test, and a reward function in a file outside the package."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REWARD = '''
+def score(task, completion):
+    """1 for the right number; the length is logged as an extra metric."""
+    return {"score": float(completion.strip() == task.answer), "chars": len(completion)}
+'''
+
+
+def problems(seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Single-digit sums and differences as chat rows; 40 held out."""
+    rows = [{"prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+             "answer": a + b if op == "+" else a - b, "op": op}
+            for a in range(10) for b in range(10) for op in "+-"]
+    random.Random(seed).shuffle(rows)
+    return rows[40:], rows[:40]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def launch(cwd: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher.progress=false",
+                           *overrides], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def summary(run_dir: Path, policy: str = "policy") -> dict:
+    return json.loads((run_dir / "summary.json").read_text())["policies"][policy]
+
+
+@pytest.fixture(scope="module")
+def warm_chat_model(chat_model_dir, tmp_path_factory) -> str:
+    """The chat fixture after supervised steps on the training rows' chat format, so RL
+    starts from a model that sometimes answers right (as the default run's tiny model)."""
+    from astraflow.testing.models import sft_warmstart
+    from astraflow.text import load_tokenizer
+
+    out = tmp_path_factory.mktemp("warm") / "model"
+    shutil.copytree(chat_model_dir, out)
+    tok = load_tokenizer(out)
+    train, _ = problems()
+    examples = [(tok.encode_prompt(r["prompt"]),
+                 [*tok.encode(str(r["answer"])), tok.eos_token_id]) for r in train]
+    sft_warmstart(out, examples, steps=300, lr=3e-4, seed=0)
+    return str(out)
+
+
+@pytest.mark.slow
+def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm_chat_model):
+    train, held_out = problems()
+    write_jsonl(tmp_path / "train.jsonl", train)
+    write_jsonl(tmp_path / "test.jsonl", held_out)
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    run_dir = tmp_path / "run"
+    launch(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
+           "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
+           "reward=python", "reward.path=my_rewards.py", "reward.function=score",
+           "steps=200", "batch_size=128", "eval_every=50", "trainer.lr=2e-4",
+           f"run_dir={run_dir}")
+    result = summary(run_dir)
+    gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
+    print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
+          f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
+    assert gain >= 0.20
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    # the extra number the reward returned is logged per step
+    assert all("reward/chars" in r for r in train_records)
+    assert sum(r["reward_failed"] for r in train_records) == 0
+    # the final weights are a checkpoint with the tokenizer it was trained with
+    final = run_dir / "final" / "policy"
+    assert (final / "tokenizer.json").read_bytes() == (
+        Path(warm_chat_model) / "tokenizer.json").read_bytes()
+
+
+def test_chat_prompts_are_rendered_once_as_transformers_renders_them(chat_model_dir):
+    from transformers import AutoTokenizer
+
+    from astraflow.text import load_tokenizer
+
+    ours, theirs = load_tokenizer(chat_model_dir), AutoTokenizer.from_pretrained(chat_model_dir)
+    for messages in ([{"role": "user", "content": "12+7="}],
+                     [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "héllo wörld, 你好 12 + 7 ="}]):
+        expected = theirs.apply_chat_template(messages, add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)
+        assert ours.encode_prompt(messages) == list(expected)
+    # a plain prompt goes through the template as a user turn; a system prompt leads
+    assert ours.configure({"system_prompt": "Be brief."}).encode_prompt("12+7=") == \
+        ours.encode_prompt([{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "12+7="}])
+    im_end = ours.token_id("<|im_end|>")
+    endoftext = ours.token_id("<|endoftext|>")
+    assert ours.eos_token_id == im_end and set(ours.stop_token_ids) == {im_end, endoftext}
+
+
+def test_foreign_special_tokens_load_and_a_bos_is_added(wordlevel_model_dir):
+    from astraflow.text import load_tokenizer
+
+    tok = load_tokenizer(wordlevel_model_dir)
+    assert tok.eos_token_id == tok.token_id("</s>")
+    assert tok.pad_token_id == tok.eos_token_id  # the checkpoint declares no pad token
+    ids = tok.encode_prompt("1 + 2 =")
+    assert ids[0] == tok.token_id("<s>") and tok.bos_token_id == ids[0]
+    assert tok.decode(ids) == "1 + 2 ="
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("raas", ["hf", "vllm"])
+def test_behaviour_logprobs_match_the_trainer_on_chat_prompts(raas, chat_model_dir):
+    if raas == "vllm":
+        pytest.importorskip("vllm")
+    from astraflow.testing.rollout import logprob_gap
+
+    worst, count = logprob_gap(raas, "hf", chat_model_dir, prompts=("12+7=", "3-15=", "9+9="))
+    print(f"max |{raas} behaviour - hf recomputed| log-prob over {count} tokens: {worst:.2e}")
+    assert count >= 12
+    assert worst < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backends", [("hf", "megatron"), ("vllm", "hf")])
+def test_short_runs_with_a_chat_checkpoint(tmp_path, chat_model_dir, backends):
+    raas, trainer = backends
+    if raas == "vllm":
+        pytest.importorskip("vllm")
+    train, _ = problems()
+    write_jsonl(tmp_path / "train.jsonl", train)
+    run_dir = tmp_path / "run"
+    launch(tmp_path, f"model.path={chat_model_dir}", "task=jsonl",
+           "task.train_files=[train.jsonl]", "task.eval_size=8", f"raas={raas}",
+           f"trainer={trainer}", "+experiment=smoke", f"run_dir={run_dir}")
+    result = summary(run_dir)
+    assert result["steps"] == 3 and result["final_eval_accuracy"] is not None
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run_dir / "final" / "policy")
+
+
+@pytest.mark.slow
+def test_a_wordlevel_checkpoint_with_foreign_special_tokens_trains(tmp_path,
+                                                                    wordlevel_model_dir):
+    rows = [{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a in range(5) for b in range(5)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    run_dir = tmp_path / "run"
+    launch(tmp_path, f"model.path={wordlevel_model_dir}", "task=jsonl",
+           "task.train_files=[train.jsonl]", "task.eval_size=5", "+experiment=smoke",
+           f"run_dir={run_dir}")
+    assert summary(run_dir)["steps"] == 3
+
+
+def verl_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        a, b = i % 10, (i * 7) % 10
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": "train", "index": i, "answer": f"#### {a + b}"},
+        })
+    return rows
+
+
+@pytest.mark.slow
+def test_a_verl_parquet_file_with_the_math_reward(tmp_path, chat_model_dir):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(verl_rows(48)), tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(verl_rows(8)), tmp_path / "test.parquet")
+    run_dir = tmp_path / "run"
+    launch(tmp_path, f"model.path={chat_model_dir}", "task=verl",
+           "task.train_files=[train.parquet]", "task.eval_files=[test.parquet]",
+           "reward=math", "+experiment=smoke", f"run_dir={run_dir}")
+    result = summary(run_dir)
+    assert result["steps"] == 3
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    # the math reward's own metric shows the answers it could find in each batch
+    assert all("reward/answer_found" in r for r in records if r["kind"] == "train")
+
+
+FLAKY_REWARD = '''
+import itertools
+
+_calls = itertools.count()
+
+
+def score(task, completion):
+    if next(_calls) % 10 == 9:
+        raise RuntimeError("the judge is down")
+    return float(completion.strip() == task.answer)
+'''
+
+
+@pytest.mark.slow
+def test_a_reward_that_raises_on_a_tenth_of_samples(tmp_path, tiny_model_dir):
+    (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
+    run_dir = tmp_path / "run"
+    proc = launch(tmp_path, f"model.path={tiny_model_dir}", "reward=python",
+                  "reward.path=flaky.py", "steps=6", "batch_size=32", "group_size=8",
+                  "eval_every=6", f"run_dir={run_dir}")
+    assert "the judge is down" in proc.stderr  # shown on the console once
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 6
+    failed = sum(r["reward_failed"] for r in train)
+    assert 0 < failed < 0.25 * 6 * 32
+    assert train[-1]["reward_failed_total"] >= failed
+    events = [r for r in records if r.get("event") == "reward_failure"]
+    assert events and "RuntimeError: the judge is down" in events[0]["error"]
