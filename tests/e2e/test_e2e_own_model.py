@@ -73,7 +73,7 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           "steps=200", "batch_size=128", "eval_every=50", "trainer.lr=2e-4",
+           "steps=300", "batch_size=128", "eval_every=100", "trainer.lr=2e-4",
            f"run_dir={run_dir}")
     result = summary(run_dir)
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
