@@ -250,8 +250,8 @@ def test_attaching_by_url_needs_no_local_sglang_but_starting_one_does():
     from astraflow_raas_sglang.errors import SGLangUnavailableError
 
     from astraflow.config import compose_config
-    from astraflow.launch.local import check_selection
+    from astraflow.launch.preflight import check_backends
 
-    check_selection(compose_config(["+raas=sglang", "raas.url=http://gpu-host:30000"]))
+    check_backends(compose_config(["+raas=sglang", "raas.url=http://gpu-host:30000"]))
     with pytest.raises(SGLangUnavailableError, match="needs SGLang"):
-        check_selection(compose_config(["+raas=sglang"]))
+        check_backends(compose_config(["+raas=sglang"]))
