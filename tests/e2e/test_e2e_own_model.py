@@ -73,15 +73,14 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           "steps=300", "batch_size=128", "eval_every=100", "trainer.lr=2e-4",
+           "steps=600", "batch_size=128", "eval_every=100", "trainer.lr=2e-4",
            f"run_dir={run_dir}")
     result = summary(run_dir)
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured +19.1 (200 steps) and +19.7 (300 steps): the +20 points the issue asks
-    # for are not reached yet on this fixture, so this guards the learning that is there
-    assert gain >= 0.15
+    # measured 0.25 -> 0.59 (+34 points) in 600 steps, about 200 s on 2 CPU cores
+    assert gain >= 0.20
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train_records = [r for r in records if r["kind"] == "train"]
     # the extra number the reward returned is logged per step

@@ -1,10 +1,9 @@
-"""Models made locally: the tiny Llama-style model and its character tokenizer."""
+"""Models made locally: the tiny Llama-style model and its character tokenizer.
 
-from astraflow.models.tiny import (
-    TextTokenizer,
-    build_tokenizer,
-    load_tokenizer,
-    make_tiny_model,
-)
+Any checkpoint's tokenizer, this one's included, loads with
+:func:`astraflow.text.load_tokenizer`.
+"""
 
-__all__ = ["TextTokenizer", "build_tokenizer", "load_tokenizer", "make_tiny_model"]
+from astraflow.models.tiny import build_tokenizer, make_tiny_model
+
+__all__ = ["build_tokenizer", "make_tiny_model"]

@@ -20,8 +20,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -31,7 +29,9 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from astraflow.config import ModelConfig
+from astraflow.text import TextTokenizer, load_tokenizer
 from astraflow.types import Task
+from astraflow.weights._fs import build_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -59,39 +59,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS
     )
-
-
-class TextTokenizer:
-    """:class:`astraflow.contracts.Tokenizer` over a saved ``tokenizer.json``.
-
-    Uses the ``tokenizers`` library directly, so workflows tokenize without torch.
-    ``encode`` adds no special tokens; ``decode`` drops them.
-    """
-
-    def __init__(self, core: FastTokenizer) -> None:
-        self._core = core
-        vocab = core.get_vocab()
-        self.pad_token_id: int = vocab[PAD]
-        self.bos_token_id: int = vocab[BOS]
-        self.eos_token_id: int = vocab[EOS]
-        self._known = {tok for tok in vocab if tok not in SPECIALS}
-        self.vocab_size: int = len(vocab)
-
-    def encode(self, text: str) -> list[int]:
-        unknown = sorted({ch for ch in text if ch not in self._known})
-        if unknown:
-            raise ValueError(
-                f"characters {unknown!r} are not in the tiny tokenizer's vocabulary {CHARACTERS!r}"
-            )
-        return self._core.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._core.decode(list(ids), skip_special_tokens=True)
-
-
-def load_tokenizer(model_dir: str | os.PathLike[str]) -> TextTokenizer:
-    """The tokenizer saved next to a model made by :func:`make_tiny_model`."""
-    return TextTokenizer(FastTokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
 
 
 def _llama_config(model_cfg: ModelConfig, vocab_size: int) -> Any:
@@ -172,24 +139,15 @@ def make_tiny_model(
     hf_tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(_llama_config(model_cfg, len(hf_tokenizer))).float()
-    if model_cfg.warmstart_steps:
-        _warmstart(model, TextTokenizer(hf_tokenizer.backend_tokenizer), tasks, model_cfg, seed)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        model.save_pretrained(tmp)
+    def write(tmp: Path) -> None:
         hf_tokenizer.save_pretrained(tmp)
+        if model_cfg.warmstart_steps:
+            _warmstart(model, load_tokenizer(tmp), tasks, model_cfg, seed)
+        model.save_pretrained(tmp)
         (tmp / _STAMP).write_text(json.dumps(fingerprint, indent=2))
-        if not _stamp_matches(out, fingerprint):  # else a concurrent caller finished first
-            if out.exists():
-                shutil.rmtree(out)  # a stale tiny model (different config or seed)
-            os.replace(tmp, out)
-    except OSError:
-        if not _stamp_matches(out, fingerprint):  # unless a concurrent caller won the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_dir(out, write, lambda d: _stamp_matches(d, fingerprint))
     return str(out)
 
 
@@ -199,7 +157,7 @@ def _warmstart(
     """Supervised steps on answer + <eos> tokens only (the prompt is context)."""
     eos = tokenizer.eos_token_id
     examples = [
-        (tokenizer.encode(task.prompt), [*tokenizer.encode(task.answer or ""), eos])
+        (tokenizer.encode(str(task.prompt)), [*tokenizer.encode(task.answer or ""), eos])
         for task in tasks
     ]
     supervised_steps(model, examples, steps=model_cfg.warmstart_steps, lr=_WARMSTART_LR,

@@ -26,12 +26,12 @@ import json
 import operator
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from astraflow.weights._fs import build_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -406,21 +406,13 @@ def _build(out: Path, fingerprint: dict[str, Any], write: Callable[[Path], None]
         return str(out)
     if out.exists() and any(out.iterdir()) and not (out / _STAMP).exists():
         raise FileExistsError(f"{out} holds files but no model fixture; refusing to replace them")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write_stamped(tmp: Path) -> None:
         write(tmp)
         stamp = {"fingerprint": fingerprint, "weights_sha256": _weights_sha256(tmp)}
         (tmp / _STAMP).write_text(json.dumps(stamp, indent=2))
-        if not _stamp_matches(out, fingerprint):  # else a concurrent caller finished first
-            if out.exists():
-                shutil.rmtree(out)  # a stale fixture (other arguments, or trained in place)
-            os.replace(tmp, out)
-    except OSError:
-        if not _stamp_matches(out, fingerprint):  # unless a concurrent caller won the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_dir(out, write_stamped, lambda d: _stamp_matches(d, fingerprint))
     return str(out)
 
 
