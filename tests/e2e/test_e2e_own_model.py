@@ -229,3 +229,19 @@ def test_a_reward_that_raises_on_a_tenth_of_samples(tmp_path, tiny_model_dir):
     assert train[-1]["reward_failed_total"] >= failed
     events = [r for r in records if r.get("event") == "reward_failure"]
     assert events and "RuntimeError: the judge is down" in events[0]["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "mistral"])
+def test_each_layout_serves_in_vllm_with_the_trainers_log_probs(arch, tmp_path_factory):
+    """Qwen3 (q/k norms), Llama (untied head, <s> via the post-processor) and Mistral
+    layouts load in vLLM and sample the log-probs the HF trainer computes."""
+    pytest.importorskip("vllm")
+    from astraflow.testing.models import make_chat_model
+    from astraflow.testing.rollout import logprob_gap
+
+    model = make_chat_model(tmp_path_factory.mktemp(arch) / "model", arch=arch, seed=0)
+    worst, count = logprob_gap("vllm", "hf", model, prompts=("12+7=", "9+9="))
+    print(f"{arch}: max |vllm - hf| log-prob over {count} tokens: {worst:.2e}")
+    assert count >= 8
+    assert worst < 1e-4
