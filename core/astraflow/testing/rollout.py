@@ -165,12 +165,14 @@ class RolloutBackendContract:
 
 
 def logprob_gap(raas: str, trainer: str, model_dir: str,
-                prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20=")) -> tuple[float, int]:
+                prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20="),
+                raas_config: Any = None) -> tuple[float, int]:
     """Max |behaviour - recomputed| log-prob over the sampled tokens, and their count.
 
     ``raas`` samples 4 continuations per prompt and reports behaviour log-probs;
     ``trainer`` recomputes them for the same weights and tokens. Prompts are rendered
     as a node renders them: through the checkpoint's chat template when it has one.
+    ``raas_config`` replaces the backend's default config (e.g. to start a stand-in).
     """
     from astraflow.text import load_tokenizer
     from astraflow.types import Batch, TrainItem
@@ -179,7 +181,8 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     registry = get_registry()
     tok = load_tokenizer(model_dir)
     entry = registry.get("rollout_backend", raas)
-    engine = entry.create(OmegaConf.structured(entry.config_cls), model_dir)
+    engine = entry.create(raas_config if raas_config is not None
+                          else OmegaConf.structured(entry.config_cls), model_dir)
     loop = LoopThread()
     loop.run(engine.start())
     items = []

@@ -196,6 +196,19 @@ class TestProtocolAgainstStandin(RolloutBackendContract):
             loop.run(_reload(backend, tiny_model_dir, version + 1))
 
 
+def test_a_chat_checkpoint_samples_the_trainers_log_probs(standin_on_path, chat_model_dir,
+                                                          tmp_path):
+    """A user's checkpoint (byte-level BPE, ChatML template, tied embeddings, two stop ids):
+    the node renders the chat prompt, the server samples token ids only (it never
+    tokenizes), and the HF trainer recomputes the same log-probs."""
+    from astraflow.testing.rollout import logprob_gap
+
+    worst, count = logprob_gap("sglang", "hf", chat_model_dir, prompts=("12+7=", "9+9="),
+                               raas_config=standin_config(tmp_path))
+    assert count >= 8
+    assert worst < 1e-4
+
+
 def test_a_server_that_cannot_start_is_reported_with_its_log(standin_on_path, tmp_path):
     children_before = _children()
     backend = SGLangRolloutBackend(standin_config(tmp_path), str(tmp_path / "no-model"))
