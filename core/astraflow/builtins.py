@@ -13,6 +13,7 @@ from astraflow.tasks.files import (
     ParquetTaskConfig,
     VerlTaskConfig,
 )
+from astraflow.workflows.agent import AgentConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
 from astraflow.workflows.solve_verify import SolveVerifyConfig
 from astraflow.workflows.tool_use import ToolUseConfig
@@ -77,4 +78,11 @@ def astraflow_register_workflows(register):
         "astraflow.workflows.solve_verify:SolveVerifyWorkflow",
         SolveVerifyConfig,
         description="Two policies: a solver answers, a verifier judges, one retry.",
+    )
+    register(
+        "agent",
+        "astraflow.workflows.agent:AgentWorkflow",
+        AgentConfig,
+        description="Your own agent (agent.path=FILE or agent.command=CMD) through the "
+                    "node's OpenAI-compatible endpoint.",
     )

@@ -133,6 +133,8 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     out: list[str] = []
     named: set[str] = set()
     for ov in overrides:
+        # ``agent.path=...`` is short for ``workflow.path=...`` (workflow=agent)
+        ov = re.sub(r"^([+~]*)agent\.", r"\1workflow.", ov)
         m = _GROUP_RE.match(ov)
         if not m or m["group"] not in GROUPS:
             out.append(ov)

@@ -141,6 +141,8 @@ class TextTokenizer:
         #: how ``encode_prompt`` renders by default (a task's settings; see ``configure``)
         self.apply_chat_template: bool | None = None
         self.system_prompt: str | None = None
+        #: the model's context length (``max_position_embeddings``), when known
+        self.context_length: int | None = None
 
     def configure(self, task_cfg: Any) -> TextTokenizer:
         """Take a task config's ``apply_chat_template`` and ``system_prompt`` (either may
@@ -170,8 +172,8 @@ class TextTokenizer:
         except Exception as exc:  # e.g. a WordLevel vocabulary without an unknown token
             raise ValueError(f"{self.source} cannot encode {text[:80]!r}: {exc}") from exc
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._core.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._core.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                     tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
@@ -277,7 +279,10 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> TextTokenizer:
     bos = id_of("bos_token")
     if bos is None:
         bos = next(iter(_ids(model_cfg.get("bos_token_id"))), None)
-    return TextTokenizer(core, eos_token_ids=eos, pad_token_id=pad, bos_token_id=bos,
-                         special_tokens=special, chat_template=_chat_template(root, tok_cfg),
-                         source=source)
+    tokenizer = TextTokenizer(core, eos_token_ids=eos, pad_token_id=pad, bos_token_id=bos,
+                              special_tokens=special,
+                              chat_template=_chat_template(root, tok_cfg), source=source)
+    length = model_cfg.get("max_position_embeddings")
+    tokenizer.context_length = int(length) if isinstance(length, int) else None
+    return tokenizer
 

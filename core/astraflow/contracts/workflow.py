@@ -25,6 +25,8 @@ class PolicyHandle(Protocol):
         max_new_tokens: int | None = None,
         temperature: float | None = None,
         stop_token_ids: list[int] | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> list[Generation]: ...
 
 
@@ -86,6 +88,10 @@ class Workflow(ABC):
         self, task: Task, policies: dict[str, PolicyHandle], group_size: int
     ) -> list[Trajectory]:
         """Run ``group_size`` attempts at ``task``; return every policy's trajectories."""
+
+    async def aclose(self) -> None:
+        """Release what the workflow started (a server, processes); the node calls it
+        once, when it leaves. The default has nothing to release."""
 
 
 class Reward(ABC):

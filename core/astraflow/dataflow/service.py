@@ -797,8 +797,13 @@ class DataflowService:
                 dropped += len(members)
                 continue
             meta = {**stamp, "group_size": len(members)}
-            for ct, advantage in zip(members, group_advantages(rewards, failed=failed),
-                                     strict=True):
+            rollouts = [ct.metadata.get("rollout") for ct in members]
+            advantages = group_advantages(
+                rewards, failed=failed,
+                rollouts=rollouts if any(r is not None for r in rollouts) else None,
+                rollout_rewards=[float(ct.metadata.get("rollout_reward", ct.reward))
+                                 for ct in members])
+            for ct, advantage in zip(members, advantages, strict=True):
                 if self._stale(policy, ct.min_version):
                     deltas[f"dropped_stale:{policy}"] += 1
                     deltas[_stale_key(policy, pool)] += 1

@@ -294,6 +294,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
                           "each iteration across a fixed number of nodes")
     preflight.resolve_paths(cfg)
     preflight.check_reward(cfg)
+    preflight.check_workflow(cfg)
     if cfg.model.path is not None and "tokenizer" in cfg.task and not cfg.task.tokenizer:
         cfg.task.tokenizer = cfg.model.path  # the task source counts prompt tokens with it
     source = preflight.task_source(cfg)

@@ -53,6 +53,16 @@ def resolve_paths(cfg: DictConfig) -> None:
         cfg.task.tokenizer = _absolute(cfg.task.tokenizer, "task.tokenizer")
     if cfg.reward.get("path"):
         cfg.reward.path = _absolute(cfg.reward.path, "reward.path")
+    if cfg.workflow.get("path"):
+        cfg.workflow.path = _absolute(cfg.workflow.path, "agent.path")
+
+
+def check_workflow(cfg: DictConfig) -> None:
+    """A workflow that runs user code (``workflow=agent``) imports it now."""
+    check = getattr(get_registry().get("workflow", cfg.workflow.name).load(), "check_config",
+                    None)
+    if callable(check):
+        check(cfg.workflow)
 
 
 def check_reward(cfg: DictConfig) -> None:

@@ -41,8 +41,27 @@ SPECIALS = (PAD, BOS, EOS)
 #: digits and operators for arithmetic, lower-case letters and punctuation for tool
 #: calls and verdicts (``calc(3+4)``, ``yes``/``no``, ``answer: 7``)
 CHARACTERS = "0123456789+-*/=()" + " \n:,." + "abcdefghijklmnopqrstuvwxyz"
+#: the tiny model's chat format, in its own characters: a user turn is its text, an
+#: answer ends with <eos>, a tool call is written ``name(argument)`` and its result comes
+#: back as ``=RESULT,`` (the format of ``workflow=tool_use``). A single user message
+#: renders as its bare text, so plain prompts tokenize as they always did.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- m.content or '' -}}"
+    "{%- if m.tool_calls -%}"
+    "{%- for call in m.tool_calls -%}"
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    "{{- fn.name }}({% for v in fn.arguments.values() %}{{ v }}{% endfor %})"
+    "{%- endfor -%}"
+    "{%- else -%}{{- eos_token -}}{%- endif -%}"
+    "{%- elif m.role == 'tool' -%}={{ m.content }},"
+    "{%- else -%}{{- m.content -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
 #: bump when the construction below changes, so cached models are rebuilt
-_FORMAT = 1
+_FORMAT = 2
 _STAMP = "astraflow_tiny.json"
 _WARMSTART_LR = 3e-4
 _WARMSTART_BATCH = 32
@@ -56,9 +75,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core = FastTokenizer(models.WordLevel(vocab=vocab, unk_token=None))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def _llama_config(model_cfg: ModelConfig, vocab_size: int) -> Any:

@@ -64,13 +64,14 @@ class EnginePolicy:
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1,
                        max_new_tokens: int | None = None, temperature: float | None = None,
-                       stop_token_ids: list[int] | None = None) -> list[Generation]:
+                       stop_token_ids: list[int] | None = None, top_p: float = 1.0,
+                       seed: int | None = None) -> list[Generation]:
         request = GenerationRequest(
             prompt_ids=list(prompt_ids), n=n,
             max_new_tokens=max_new_tokens or self.defaults.get("max_new_tokens", 16),
             temperature=self.defaults.get("temperature", 1.0) if temperature is None
             else temperature,
-            stop_token_ids=list(stop_token_ids or []),
+            stop_token_ids=list(stop_token_ids or []), top_p=top_p, seed=seed,
         )
         return await self.backend.generate(request)
 
@@ -277,6 +278,9 @@ class RaaSNode:
                     await self.client.leave(self.node_id)
                 except Exception as exc:  # leaving is best-effort: leases expire anyway
                     log.warning("leave failed: %r", exc)
+            workflow = getattr(self, "workflow", None)
+            if workflow is not None:
+                await workflow.aclose()
             for backend in self.backends.values():
                 await backend.shutdown()
             log.info("node %s left after %d rollouts", self.name, self.completed)

@@ -64,7 +64,7 @@ def reward_metric_means(metadata: list[dict[str, Any]]) -> dict[str, float]:
     return {key: sum(values) / len(values) for key, values in sorted(sums.items())}
 
 
-def _as_score(result: Any) -> Score:
+def as_score(result: Any) -> Score:
     metrics: dict[str, float] = {}
     if isinstance(result, dict):
         if "score" not in result:
@@ -96,7 +96,7 @@ class RewardRunner:
     async def score(self, task: Task, completion: str) -> Score:
         try:
             result = await asyncio.wait_for(self._call(task, completion), self.timeout)
-            return _as_score(result)
+            return as_score(result)
         except Exception as exc:  # user code: anything it raises fails the sample only
             if isinstance(exc, TimeoutError):
                 error = f"TimeoutError: the reward took longer than reward.timeout={self.timeout}s"

@@ -45,29 +45,30 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _import_error(exc: BaseException, file: Path) -> ConfigError:
+def _import_error(exc: BaseException, file: Path, key: str = "reward.path") -> ConfigError:
     """What went wrong importing ``file``, with the line in it where Python can tell."""
     kind = type(exc).__name__
     if isinstance(exc, SyntaxError):  # also one in a file it imports: name that file
         source = "" if not exc.filename or Path(exc.filename) == file else f"{exc.filename} "
         where = f"{source}line {exc.lineno}: " if exc.lineno else source
-        return ConfigError(f"reward.path={file} does not compile: {where}{kind}: {exc.msg}")
+        return ConfigError(f"{key}={file} does not compile: {where}{kind}: {exc.msg}")
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == file]
     where = f" (line {frames[-1].lineno})" if frames else ""
     return ConfigError(
-        f"reward.path={file} failed to import{where}: {kind}: {_one_line(str(exc))}"
+        f"{key}={file} failed to import{where}: {kind}: {_one_line(str(exc))}"
     )
 
 
-def load_module(file: Path) -> ModuleType:
+def load_module(file: Path, key: str = "reward.path") -> ModuleType:
     """``file`` imported as a module of its own, under a name no other file gets (two
     reward files both named ``reward.py`` must not replace each other). Its directory
-    is importable while it loads, so it can import the files beside it."""
+    is importable while it loads, so it can import the files beside it. ``key`` is the
+    setting that named the file, for the error messages."""
     stem = re.sub(r"\W", "_", file.stem)
     name = f"astraflow_user_reward_{stem}_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"reward.path={file} is not a Python file Python can import")
+        raise ConfigError(f"{key}={file} is not a Python file Python can import")
     module = importlib.util.module_from_spec(spec)
     # registered before it runs, as an import would: dataclasses and pickle look it up
     sys.modules[name] = module
@@ -79,7 +80,7 @@ def load_module(file: Path) -> ModuleType:
         sys.modules.pop(name, None)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not ours
             raise
-        raise _import_error(exc, file) from exc
+        raise _import_error(exc, file, key) from exc
     finally:
         if directory in sys.path:
             sys.path.remove(directory)

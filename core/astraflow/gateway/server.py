@@ -1,0 +1,398 @@
+"""An OpenAI-compatible endpoint on a RaaS node, served from the node's engine.
+
+``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``, the
+routes and fields the ``openai`` client and agent frameworks send. Every rollout gets
+its own API key: a call with any other key is refused (401), and every call is
+recorded against its rollout (:mod:`astraflow.gateway.record`). Generation goes through
+the node's policy handles -- the rollout-backend contract -- so the endpoint works on
+every backend (``raas=hf``, ``vllm``, ``sglang``, ...).
+
+What the engine contract does not give is not faked: ``top_logprobs`` lists are empty
+(engines report the sampled token's log-prob only), and a streamed answer arrives in
+one content chunk once it is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from astraflow.gateway.record import Plan, Session, content_text, render_messages
+from astraflow.gateway.tools import parse_tool_calls, resolve_parser, stop_after_call
+from astraflow.security import BodySizeLimit
+from astraflow.types import Generation, Task
+
+
+class GatewayError(Exception):
+    """Answered as OpenAI answers errors: ``{"error": {"message", "type", "param"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+@dataclass
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: the host agents are told to use (another machine's sandbox: this node's address)
+    advertise_host: str | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_tokens: int = 16  # when a request names none
+    temperature: float = 1.0  # when a request names none
+    tool_parser: str = "auto"
+    max_n: int = 16
+
+
+def _bad(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param)
+
+
+def _number(body: dict[str, Any], key: str, default: Any, lo: float, hi: float,
+            integer: bool = False) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            integer and not isinstance(value, int)):
+        raise _bad(f"'{key}' must be {'an integer' if integer else 'a number'}, got "
+                   f"{value!r}", key)
+    if not lo <= value <= hi:
+        raise _bad(f"'{key}' must be between {lo:g} and {hi:g}, got {value!r}", key)
+    return value
+
+
+class Gateway:
+    """One per node. ``open(task, policies, ...)`` gives a rollout its key and base URL;
+    ``close(key)`` ends it and returns its recording."""
+
+    def __init__(self, tokenizer: Any, settings: GatewaySettings | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.settings = settings or GatewaySettings()
+        self.parser = resolve_parser(self.settings.tool_parser, tokenizer.chat_template)
+        self.sessions: dict[str, Session] = {}
+        self.url = ""
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+        self.app = self._app()
+
+    # -- life cycle --------------------------------------------------------------------
+    async def start(self) -> str:
+        import uvicorn
+
+        s = self.settings
+        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET,
+                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((s.host, s.port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        port = sock.getsockname()[1]
+        host = s.advertise_host or s.host
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+        class _Server(uvicorn.Server):
+            # the node owns SIGINT/SIGTERM: the gateway is stopped with it
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[override]
+                yield
+
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                lifespan="off", timeout_keep_alive=75)
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the gateway stopped while starting")
+            await asyncio.sleep(0.01)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 10)
+            self._server = self._task = None
+
+    def open(self, task: Task, policies: dict[str, Any], group_id: str, sample: int) -> Session:
+        key = f"sk-astraflow-{secrets.token_urlsafe(24)}"
+        session = Session(key, task, group_id, sample, dict(policies), self.tokenizer)
+        self.sessions[key] = session
+        return session
+
+    def close(self, key: str) -> Session:
+        """The key stops working: a call still arriving for this rollout gets a 401."""
+        return self.sessions.pop(key)
+
+    # -- HTTP --------------------------------------------------------------------------
+    def _app(self) -> FastAPI:
+        app = FastAPI(title="AstraFlow OpenAI-compatible gateway", docs_url=None,
+                      redoc_url=None, openapi_url=None)
+        app.add_middleware(BodySizeLimit, max_bytes=self.settings.max_body_bytes)
+
+        @app.exception_handler(GatewayError)
+        async def error(_request: Request, exc: GatewayError) -> JSONResponse:
+            return JSONResponse({"error": {"message": exc.message, "type": exc.kind,
+                                           "param": exc.param, "code": None}},
+                                status_code=exc.status)
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> JSONResponse:
+            session = self._session(request)
+            return JSONResponse({"object": "list", "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "astraflow"}
+                for name in session.policies]})
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            session = self._session(request)
+            body = await self._body(request)
+            return await self._chat(session, body)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            session = self._session(request)
+            body = await self._body(request)
+            return await self._completions(session, body)
+
+        return app
+
+    def _session(self, request: Request) -> Session:
+        header = request.headers.get("authorization", "")
+        key = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        session = self.sessions.get(key)
+        if session is None:
+            raise GatewayError(401, "invalid API key: each rollout has its own key, given "
+                               "to its agent; this one is unknown or its rollout has ended",
+                               kind="authentication_error")
+        return session
+
+    @staticmethod
+    async def _body(request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise _bad(f"the request body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        return body
+
+    def _role(self, session: Session, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if model not in session.policies:
+            served = ", ".join(session.policies)
+            raise GatewayError(404, f"the model {model!r} does not exist here; this rollout "
+                               f"can call: {served}", "model", kind="not_found_error")
+        return str(model)
+
+    def _sampling(self, body: dict[str, Any], prompt_len: int, tools: bool) -> dict[str, Any]:
+        s = self.settings
+        limit = self.tokenizer.context_length
+        if limit is not None and prompt_len >= limit:
+            raise _bad(f"This model's maximum context length is {limit} tokens; the prompt "
+                       f"is {prompt_len} tokens. Shorten the messages.", "messages")
+        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        max_tokens = _number({key: requested}, key, s.max_tokens, 1, 1 << 20, integer=True)
+        if limit is not None:
+            max_tokens = min(max_tokens, limit - prompt_len)
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) \
+                or len(stops) > 4:
+            raise _bad("'stop' must be a string or a list of up to 4 non-empty strings",
+                       "stop")
+        stop_ids = list(self.tokenizer.stop_token_ids)
+        for text in stops:
+            ids = self.tokenizer.encode(text)
+            if len(ids) == 1:
+                stop_ids.append(ids[0])
+        if tools:
+            stop_ids += stop_after_call(self.parser, self.tokenizer)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise _bad("'seed' must be an integer", "seed")
+        return {
+            "n": _number(body, "n", 1, 1, s.max_n, integer=True),
+            "temperature": float(_number(body, "temperature", s.temperature, 0, 2)),
+            "top_p": float(_number(body, "top_p", 1.0, 1e-9, 1)),
+            "max_new_tokens": int(max_tokens),
+            "stop_token_ids": list(dict.fromkeys(stop_ids)),
+            "seed": seed,
+            "stops": stops,
+        }
+
+    async def _generate(self, session: Session, role: str, plan: Plan,
+                        sampling: dict[str, Any]) -> list[Generation]:
+        params = {k: v for k, v in sampling.items() if k != "stops"}
+        generations = await session.policies[role].generate(plan.prompt_ids, **params)
+        return [self._cut_at_stop(gen, sampling["stops"]) for gen in generations]
+
+    def _cut_at_stop(self, gen: Generation, stops: list[str]) -> Generation:
+        """A stop string of several tokens ends the text where it appears; the tokens
+        sampled after it are dropped (never returned, never trained)."""
+        multi = [s for s in stops if len(self.tokenizer.encode(s)) > 1]
+        if not multi:
+            return gen
+        for end in range(1, len(gen.token_ids) + 1):
+            text = self.tokenizer.decode(gen.token_ids[:end])
+            if any(s in text for s in multi):
+                return Generation(gen.token_ids[:end], gen.logprobs[:end], "stop", gen.version)
+        return gen
+
+    def _text(self, gen: Generation, stops: list[str]) -> str:
+        ids = [t for t in gen.token_ids if t not in self.tokenizer.stop_token_ids]
+        text = self.tokenizer.decode(ids)
+        for s in stops:
+            if gen.finish_reason == "stop" and s in text:
+                text = text[: text.index(s)]
+        return text
+
+    def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        out = []
+        for token, lp in zip(gen.token_ids, gen.logprobs, strict=True):
+            text = self.tokenizer.decode([token], skip_special_tokens=False)
+            out.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
+                        "top_logprobs": []})
+        return out
+
+    async def _chat(self, session: Session, body: dict[str, Any]) -> Any:
+        role = self._role(session, body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise _bad("'messages' must be a non-empty list of objects with a 'role'",
+                       "messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise _bad("'tools' must be a list", "tools")
+        if body.get("tool_choice") == "none":
+            tools = None
+        if self.tokenizer.chat_template is None:
+            raise _bad("this model has no chat template: use /v1/completions", "messages")
+        try:
+            rendered = render_messages(self.tokenizer, messages, tools)
+        except Exception as exc:  # the template's own complaint, e.g. roles out of order
+            raise _bad(f"the chat template cannot render these messages: {exc}",
+                       "messages") from exc
+        plan = session.plan(role, rendered, messages)
+        sampling = self._sampling(body, len(plan.prompt_ids), bool(tools))
+        generations = await self._generate(session, role, plan, sampling)
+        choices, replies = [], []
+        for index, gen in enumerate(generations):
+            text = self._text(gen, sampling["stops"])
+            parsed = parse_tool_calls(self.parser, text, tools)
+            finish = "tool_calls" if parsed.calls else gen.finish_reason
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": parsed.content if parsed.content or
+                                       not parsed.calls else None}
+            if parsed.calls:
+                message["tool_calls"] = parsed.calls
+            replies.append(message)
+            choice: dict[str, Any] = {"index": index, "message": message,
+                                      "finish_reason": finish,
+                                      "logprobs": {"content": self._logprobs(gen)}
+                                      if body.get("logprobs") else None}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = list(gen.token_ids)
+            choices.append(choice)
+        session.record(role, plan, generations, messages, replies)
+        session.final_text = content_text(replies[0]["content"])
+        reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                 "created": int(time.time()), "model": role, "choices": choices,
+                 "usage": self._usage(plan, generations)}
+        if body.get("return_token_ids"):
+            reply["prompt_token_ids"] = list(plan.prompt_ids)
+        if body.get("stream"):
+            return self._stream(reply, body)
+        return JSONResponse(reply)
+
+    async def _completions(self, session: Session, body: dict[str, Any]) -> Any:
+        role = self._role(session, body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise _bad("'prompt' must be a non-empty string", "prompt")
+        plan = session.plan(role, prompt, None)
+        sampling = self._sampling(body, len(plan.prompt_ids), False)
+        generations = await self._generate(session, role, plan, sampling)
+        choices = []
+        for index, gen in enumerate(generations):
+            text = self._text(gen, sampling["stops"])
+            logprobs = None
+            if body.get("logprobs") is not None:
+                tokens = [self.tokenizer.decode([t], skip_special_tokens=False)
+                          for t in gen.token_ids]
+                logprobs = {"tokens": tokens, "token_logprobs": list(gen.logprobs),
+                            "top_logprobs": [{} for _ in tokens], "text_offset": []}
+            choice: dict[str, Any] = {"index": index, "text": text,
+                                      "finish_reason": gen.finish_reason, "logprobs": logprobs}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = list(gen.token_ids)
+            choices.append(choice)
+        session.record(role, plan, generations, None, [None] * len(generations))
+        session.final_text = choices[0]["text"]
+        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                 "created": int(time.time()), "model": role, "choices": choices,
+                 "usage": self._usage(plan, generations)}
+        if body.get("return_token_ids"):
+            reply["prompt_token_ids"] = list(plan.prompt_ids)
+        if body.get("stream"):
+            return self._stream(reply, body)
+        return JSONResponse(reply)
+
+    @staticmethod
+    def _usage(plan: Plan, generations: list[Generation]) -> dict[str, int]:
+        done = sum(len(g.token_ids) for g in generations)
+        return {"prompt_tokens": len(plan.prompt_ids), "completion_tokens": done,
+                "total_tokens": len(plan.prompt_ids) + done}
+
+    @staticmethod
+    def _stream(reply: dict[str, Any], body: dict[str, Any]) -> StreamingResponse:
+        """Server-sent events of a finished answer, as the API streams one."""
+        chat = reply["object"] == "chat.completion"
+        base = {"id": reply["id"], "created": reply["created"], "model": reply["model"],
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+        events = []
+        for choice in reply["choices"]:
+            i = choice["index"]
+            if chat:
+                message = choice["message"]
+                deltas = [{"role": "assistant", "content": ""}]
+                if message.get("content"):
+                    deltas.append({"content": message["content"]})
+                if message.get("tool_calls"):
+                    deltas.append({"tool_calls": [{"index": k, **call} for k, call in
+                                                  enumerate(message["tool_calls"])]})
+                for delta in deltas:
+                    events.append({**base, "choices": [{"index": i, "delta": delta,
+                                                        "logprobs": None,
+                                                        "finish_reason": None}]})
+                events.append({**base, "choices": [{"index": i, "delta": {},
+                                                    "logprobs": choice["logprobs"],
+                                                    "finish_reason": choice["finish_reason"]}]})
+            else:
+                events.append({**base, "choices": [choice]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append({**base, "choices": [], "usage": reply["usage"]})
+
+        async def lines():
+            for event in events:
+                yield f"data: {json.dumps(event)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")

@@ -1,0 +1,246 @@
+"""``workflow=agent``: train an agent written for the OpenAI API, unchanged.
+
+The agent is the user's: a Python function ``async def run(task, client) -> float |
+dict | None`` in a file (``agent.path``, ``agent.function``), or a command line
+(``agent.command``) for agents in other languages or sandboxes. It sees a base URL, an
+API key and model names -- the node's OpenAI-compatible gateway
+(:mod:`astraflow.gateway`) -- and drives the conversation itself: any number of calls,
+concurrent calls, tools, several model names (one per policy of the run).
+
+Every call is recorded token by token; each recorded segment becomes a trajectory of
+the policy that sampled it. The rollout's reward is what the agent returns, or the
+task's reward function (``reward=...``) applied to the last reply. An agent that raises
+or runs past ``agent.timeout`` fails its rollout: its segments are kept out of the
+advantages, counted, and the first traceback shows in the run's metrics; the node goes
+on.
+
+``agent.X`` on the command line is short for ``workflow.X``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import shlex
+import shutil
+import signal
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.errors import ConfigError
+from astraflow.rewards.base import Score, as_score
+from astraflow.types import Task, Trajectory
+
+if TYPE_CHECKING:
+    from astraflow.gateway.server import Gateway
+
+CREDIT = ("final", "discount")
+#: longest traceback kept with a failed rollout
+_ERROR_CHARS = 4000
+
+
+@dataclass
+class AgentConfig:
+    """``workflow=agent``: the agent, its limits and the gateway it calls."""
+
+    name: str = "agent"
+    path: str = ""  # a Python file defining the agent function
+    function: str = "run"
+    command: str = ""  # or: a command line; the gateway's URL and key in its environment
+    timeout: float = 300.0  # seconds per rollout; a slower agent fails its rollout
+    #: the model names the agent may call, each a policy of the run
+    models: list[str] = field(default_factory=lambda: ["policy"])
+    credit: str = "final"  # final: every segment gets the reward | discount: per call
+    discount: float = 1.0
+    max_tokens: int = 16  # when a request names none
+    temperature: float = 1.0  # when a request names none
+    tool_parser: str = "auto"  # auto | hermes | pythonic | none
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass
+class ClientConfig:
+    """All an agent is told: where to send requests, its key and the model names.
+
+    ``AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)``.
+    """
+
+    base_url: str
+    api_key: str
+    model: str
+    models: list[str]
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def env(self) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+                "ASTRAFLOW_MODEL": self.model, "ASTRAFLOW_MODELS": ",".join(self.models)}
+
+
+class AgentFailed(Exception):
+    pass
+
+
+def _load(config: Any) -> Any:
+    from astraflow.rewards.python import _defined_callables, load_module
+
+    file = Path(config.path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(f"agent.path={config.path}: no such file ({file})")
+    module = load_module(file, key="agent.path")
+    name = config.function
+    function = getattr(module, name, None)
+    if function is None:
+        listed = ", ".join(_defined_callables(module)) or "no functions"
+        raise ConfigError(f"agent.function={name} is not defined in {file}; it "
+                          f"defines: {listed}")
+    if not callable(function):
+        raise ConfigError(f"agent.function={name} in {file} is not a function")
+    return function
+
+
+class AgentWorkflow(Workflow):
+    @classmethod
+    def check_config(cls, config: Any) -> Any:
+        """Raise a one-line :class:`ConfigError` for a bad set-up; returns the agent
+        function (None for a command). The launcher calls it before anything starts."""
+        if not config.models:
+            raise ConfigError("agent.models is empty: name the model(s) the agent calls")
+        if config.credit not in CREDIT:
+            raise ConfigError(f"agent.credit={config.credit}: expected one of "
+                              f"{', '.join(CREDIT)}")
+        if bool(config.path) == bool(config.command):
+            raise ConfigError("workflow=agent needs agent.path=FILE (with agent.function) "
+                              "or agent.command='CMD ...', not both")
+        if config.command:
+            argv = shlex.split(config.command)
+            if not argv or shutil.which(argv[0]) is None:
+                raise ConfigError(f"agent.command={config.command!r}: "
+                                  f"{argv[0] if argv else 'nothing'} is not a program on PATH")
+            return None
+        return _load(config)
+
+    def __init__(self, config: Any, tokenizer: Any, reward: Any) -> None:
+        super().__init__(config, tokenizer, reward)
+        self.roles = tuple(config.models)
+        self.function = self.check_config(config)
+        self.argv = shlex.split(config.command) if config.command else None
+        self.gateway: Gateway | None = None
+        self._starting: asyncio.Lock | None = None
+        #: rollouts that failed (raised, timed out) and the first failure's traceback
+        self.failed = 0
+        self.first_error: str | None = None
+
+    async def _gateway(self) -> Gateway:
+        from astraflow.gateway.server import Gateway, GatewaySettings
+
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self.gateway is None:
+                c = self.config
+                settings = GatewaySettings(
+                    host=c.host, port=c.port, advertise_host=c.advertise_host,
+                    max_body_bytes=c.max_body_bytes, max_tokens=c.max_tokens,
+                    temperature=c.temperature, tool_parser=c.tool_parser)
+                gateway = Gateway(self.tokenizer, settings)
+                await gateway.start()
+                self.gateway = gateway
+        return self.gateway
+
+    async def aclose(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
+            self.gateway = None
+
+    async def run(self, task: Task, policies: dict[str, PolicyHandle],
+                  group_size: int) -> list[Trajectory]:
+        gateway = await self._gateway()
+        group_id = task.metadata.get("group_id", task.task_id)
+        rollouts = [self._rollout(gateway, task, policies, group_id, i)
+                    for i in range(group_size)]
+        return [t for trajs in await asyncio.gather(*rollouts) for t in trajs]
+
+    async def _rollout(self, gateway: Gateway, task: Task, policies: dict[str, PolicyHandle],
+                       group_id: str, sample: int) -> list[Trajectory]:
+        session = gateway.open(task, policies, group_id, sample)
+        client = ClientConfig(f"{gateway.url}/v1", session.key, self.roles[0],
+                              list(self.roles))
+        try:
+            result = await asyncio.wait_for(self._call_agent(task, client),
+                                            self.config.timeout)
+            score = await self._score(task, result, session.final_text)
+        except TimeoutError:
+            score = self._failure(f"AgentTimeout: the agent did not finish within "
+                                  f"agent.timeout={self.config.timeout:g}s")
+        except Exception:
+            score = self._failure(traceback.format_exc()[-_ERROR_CHARS:])
+        finally:
+            session = gateway.close(session.key)
+        meta = {"task_type": task.task_type, "sample": sample,
+                "rollout": f"{group_id}:{sample}", "agent_calls": session.calls,
+                "agent_restarts": session.restarts, **score.metadata()}
+        return session.trajectories(score.value, meta, self.config.credit,
+                                    self.config.discount)
+
+    def _failure(self, error: str) -> Score:
+        self.failed += 1
+        if self.first_error is None:
+            self.first_error = error
+        return Score(0.0, error=error)
+
+    async def _call_agent(self, task: Task, client: ClientConfig) -> Any:
+        if self.function is not None:
+            if inspect.iscoroutinefunction(self.function):
+                return await self.function(task, client)
+            result = await asyncio.to_thread(self.function, task, client)
+            return await result if inspect.isawaitable(result) else result
+        return await self._run_command(task, client)
+
+    async def _run_command(self, task: Task, client: ClientConfig) -> Any:
+        env = {**os.environ, **client.env(), "ASTRAFLOW_TASK": json.dumps(asdict(task))}
+        proc = await asyncio.create_subprocess_exec(
+            *(self.argv or []), env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = await proc.communicate()
+        except asyncio.CancelledError:  # the timeout: the agent and its children go
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace")[-_ERROR_CHARS:]
+            raise AgentFailed(f"agent.command exited with {proc.returncode}:\n{tail}")
+        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+        if not lines:
+            return None
+        try:
+            return json.loads(lines[-1])
+        except ValueError as exc:
+            raise AgentFailed(f"agent.command's last line is not JSON: {lines[-1][:200]!r}"
+                              ) from exc
+
+    async def _score(self, task: Task, result: Any, final_text: str) -> Score:
+        """The agent's own reward, else the task's reward of the last reply."""
+        if isinstance(result, dict) and "reward" in result:
+            result = result["reward"]
+        if isinstance(result, dict) and "answer" in result and "score" not in result:
+            return await self.score(task, str(result["answer"]))
+        if result is None:
+            return await self.score(task, final_text)
+        try:
+            return as_score(result)
+        except Exception as exc:
+            raise AgentFailed(f"the agent returned {result!r}: expected a number, a dict "
+                              "with 'reward' or 'score', or None") from exc
