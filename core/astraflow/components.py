@@ -60,7 +60,7 @@ def resolve_policies(cfg: DictConfig) -> dict[str, Any]:
     """
     from astraflow.config import PolicyConfig
 
-    roles = get_registry().get("workflow", cfg.workflow.name).load().roles
+    roles = get_registry().get("workflow", cfg.workflow.name).load().roles_for(cfg.workflow)
     given = OmegaConf.to_container(cfg.policies, resolve=True) if cfg.policies else {}
     unknown = set(given) - set(roles) - {"policy"}
     if unknown:

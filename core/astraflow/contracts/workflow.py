@@ -53,6 +53,12 @@ class Workflow(ABC):
 
     roles: tuple[str, ...] = ("policy",)
 
+    @classmethod
+    def roles_for(cls, config: Any) -> tuple[str, ...]:
+        """The roles a run with this workflow ``config`` has (``roles`` unless the config
+        names them, as ``agent.models`` does)."""
+        return tuple(cls.roles)
+
     def __init__(self, config: Any, tokenizer: Tokenizer, reward: Reward) -> None:
         from astraflow.rewards.base import RewardRunner
 

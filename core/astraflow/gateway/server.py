@@ -288,7 +288,10 @@ class Gateway:
         except Exception as exc:  # the template's own complaint, e.g. roles out of order
             raise _bad(f"the chat template cannot render these messages: {exc}",
                        "messages") from exc
-        plan = session.plan(role, rendered, messages)
+        try:
+            plan = session.plan(role, rendered, messages)
+        except ValueError as exc:  # text this tokenizer cannot encode
+            raise _bad(str(exc), "messages") from exc
         sampling = self._sampling(body, len(plan.prompt_ids), bool(tools))
         generations = await self._generate(session, role, plan, sampling)
         choices, replies = [], []
@@ -327,7 +330,10 @@ class Gateway:
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise _bad("'prompt' must be a non-empty string", "prompt")
-        plan = session.plan(role, prompt, None)
+        try:
+            plan = session.plan(role, prompt, None)
+        except ValueError as exc:
+            raise _bad(str(exc), "prompt") from exc
         sampling = self._sampling(body, len(plan.prompt_ids), False)
         generations = await self._generate(session, role, plan, sampling)
         choices = []

@@ -111,6 +111,10 @@ def _load(config: Any) -> Any:
 
 class AgentWorkflow(Workflow):
     @classmethod
+    def roles_for(cls, config: Any) -> tuple[str, ...]:
+        return tuple(config.models)
+
+    @classmethod
     def check_config(cls, config: Any) -> Any:
         """Raise a one-line :class:`ConfigError` for a bad set-up; returns the agent
         function (None for a command). The launcher calls it before anything starts."""
