@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -152,6 +153,10 @@ class AgentWorkflow(Workflow):
             self._starting = asyncio.Lock()
         async with self._starting:
             if self.gateway is None:
+                # HTTP clients log every request at INFO: thousands a second on a node
+                for name in ("httpx", "httpx2", "openai"):
+                    if logging.getLogger(name).level == logging.NOTSET:
+                        logging.getLogger(name).setLevel(logging.WARNING)
                 c = self.config
                 settings = GatewaySettings(
                     host=c.host, port=c.port, advertise_host=c.advertise_host,
@@ -170,6 +175,10 @@ class AgentWorkflow(Workflow):
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
         gateway = await self._gateway()
+        # what a request that names none gets; the evaluator sets temperature 0 for its
+        # greedy pass
+        gateway.settings.temperature = float(self.config.temperature)
+        gateway.settings.max_tokens = int(self.config.max_tokens)
         group_id = task.metadata.get("group_id", task.task_id)
         rollouts = [self._rollout(gateway, task, policies, group_id, i)
                     for i in range(group_size)]
