@@ -7,57 +7,14 @@ model name; AstraFlow never sees their conversation except through the endpoint.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CALCULATOR_AGENT = '''
-import json
-from openai import AsyncOpenAI
+from astraflow.testing import launch_run, run_summary
 
-CALC = {"type": "function", "function": {
-    "name": "calc", "description": "Evaluate a sum or a difference.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                   "required": ["expression"]}}}
-
-
-def calculator(expression):
-    for op in "+-":
-        left, sep, right = expression.rpartition(op)
-        if sep and left:
-            return str(int(left) + int(right) if op == "+" else int(left) - int(right))
-    return "error"
-
-
-async def run(task, client):
-    """Ask; run any calculator calls; ask again with the results (three calls at most).
-    Returns nothing: the run's reward scores the last answer."""
-    api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
-    messages = [{"role": "user", "content": task.prompt}]
-    for _ in range(3):
-        reply = await api.chat.completions.create(model=client.model, messages=messages,
-                                                  tools=[CALC])
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            break
-        for call in message.tool_calls:
-            args = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": calculator(args["expression"])})
-    await api.close()
-    return None
-'''
-
-
-def launch(cwd: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher.progress=false",
-                           *overrides], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agent"
+CALCULATOR_AGENT = (EXAMPLES / "calculator_agent.py").read_text()
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:
@@ -65,17 +22,13 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in rows if r["kind"] == kind]
 
 
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())["policies"]
-
-
 @pytest.mark.slow
 def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path):
     (tmp_path / "my_agent.py").write_text(CALCULATOR_AGENT)
     run_dir = tmp_path / "run"
-    launch(tmp_path, "workflow=agent", "agent.path=my_agent.py", "+experiment=smoke",
+    launch_run(tmp_path, "workflow=agent", "agent.path=my_agent.py", "+experiment=smoke",
            f"run_dir={run_dir}")
-    assert summary(run_dir)["policy"]["steps"] == 3
+    assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")
     assert train and all(r["reward_failed"] == 0 for r in train)
 
@@ -99,9 +52,9 @@ async def run(task, client):
 def test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on(tmp_path):
     (tmp_path / "agent.py").write_text(HANGING_AGENT)
     run_dir = tmp_path / "run"
-    launch(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.timeout=3",
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.timeout=3",
            "reward.max_failure_fraction=0.9", "+experiment=smoke", f"run_dir={run_dir}")
-    assert summary(run_dir)["policy"]["steps"] == 3
+    assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")
     assert sum(r["reward_failed"] for r in train) > 0
 
@@ -127,9 +80,9 @@ async def run(task, client):
 def test_two_model_names_route_each_segment_to_its_policy(tmp_path):
     (tmp_path / "agent.py").write_text(TWO_POLICY_AGENT)
     run_dir = tmp_path / "run"
-    launch(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.models=[solver,verifier]",
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.models=[solver,verifier]",
            "+experiment=smoke", f"run_dir={run_dir}")
-    policies = summary(run_dir)
+    policies = run_summary(run_dir)
     assert set(policies) == {"solver", "verifier"}
     assert policies["solver"]["steps"] == 3 and policies["verifier"]["steps"] == 3
     # the trained batches: the verifier's sequences hold its verdicts (2 tokens at most),
@@ -141,33 +94,7 @@ def test_two_model_names_route_each_segment_to_its_policy(tmp_path):
     assert sum(r["train/tokens"] for r in solver) > 2 * sum(r["train/sequences"] for r in solver)
 
 
-AGENTS_SDK_AGENT = '''
-from agents import (Agent, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, Runner,
-                    function_tool, set_tracing_disabled)
-from openai import AsyncOpenAI
-
-set_tracing_disabled(True)  # nothing leaves the machine
-
-
-@function_tool
-def calc(expression: str) -> str:
-    """Evaluate a sum."""
-    left, _, right = expression.partition("+")
-    return str(int(left) + int(right or 0))
-
-
-async def run(task, client):
-    model = OpenAIChatCompletionsModel(
-        model=client.model,
-        openai_client=AsyncOpenAI(base_url=client.base_url, api_key=client.api_key))
-    agent = Agent(name="adder", tools=[calc], model=model,
-                  model_settings=ModelSettings(max_tokens=8))
-    try:
-        result = await Runner.run(agent, task.prompt, max_turns=3)
-    except MaxTurnsExceeded:
-        return 0.0
-    return float(str(result.final_output).strip() == task.answer)
-'''
+AGENTS_SDK_AGENT = (EXAMPLES / "sdk_agent.py").read_text()
 
 
 @pytest.mark.slow
@@ -175,9 +102,9 @@ def test_an_openai_agents_sdk_agent_runs_unchanged(tmp_path):
     pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install 'astraflow[agents]'")
     (tmp_path / "sdk_agent.py").write_text(AGENTS_SDK_AGENT)
     run_dir = tmp_path / "run"
-    launch(tmp_path, "workflow=agent", "agent.path=sdk_agent.py", "+experiment=smoke",
+    launch_run(tmp_path, "workflow=agent", "agent.path=sdk_agent.py", "+experiment=smoke",
            f"run_dir={run_dir}")
-    assert summary(run_dir)["policy"]["steps"] == 3
+    assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")
     assert all(r["reward_failed"] == 0 for r in train)
     assert sum(r["train/sequences"] for r in train) >= 3 * 8

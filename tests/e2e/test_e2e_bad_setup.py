@@ -100,3 +100,16 @@ def test_a_component_that_dies_before_it_worked_is_not_restarted(tmp_path, tiny_
     assert "restarting it" not in proc.stderr
     events = tmp_path / "run" / "metrics" / "launcher.jsonl"
     assert not events.exists() or "restart" not in events.read_text()
+
+
+def test_an_agent_file_that_does_not_exist(tmp_path, tiny_model_dir):
+    line = refused(launch(tmp_path, "workflow=agent", "agent.path=agents/nope.py",
+                          f"model.path={tiny_model_dir}"), tmp_path)
+    assert "agent.path=" in line and str(tmp_path / "agents" / "nope.py") in line
+
+
+def test_an_agent_function_that_is_not_in_the_file(tmp_path, tiny_model_dir):
+    (tmp_path / "agent.py").write_text("async def main(task, client):\n    return 1.0\n")
+    line = refused(launch(tmp_path, "workflow=agent", "agent.path=agent.py",
+                          "agent.function=run", f"model.path={tiny_model_dir}"), tmp_path)
+    assert "agent.function=run is not defined" in line and "it defines: main" in line

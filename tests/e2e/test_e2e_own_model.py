@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from astraflow.testing import launch_run, run_summary
 
 REWARD = '''
 def score(task, completion):
@@ -34,16 +34,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def launch(cwd: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher.progress=false",
-                           *overrides], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 def summary(run_dir: Path, policy: str = "policy") -> dict:
-    return json.loads((run_dir / "summary.json").read_text())["policies"][policy]
+    return run_summary(run_dir)[policy]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +62,7 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     write_jsonl(tmp_path / "test.jsonl", held_out)
     (tmp_path / "my_rewards.py").write_text(REWARD)
     run_dir = tmp_path / "run"
-    launch(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
+    launch_run(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
            "steps=600", "batch_size=128", "eval_every=100", "trainer.lr=2e-4",
@@ -146,7 +138,7 @@ def test_short_runs_with_a_chat_checkpoint(tmp_path, chat_model_dir, backends):
     train, _ = problems()
     write_jsonl(tmp_path / "train.jsonl", train)
     run_dir = tmp_path / "run"
-    launch(tmp_path, f"model.path={chat_model_dir}", "task=jsonl",
+    launch_run(tmp_path, f"model.path={chat_model_dir}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_size=8", f"raas={raas}",
            f"trainer={trainer}", "+experiment=smoke", f"run_dir={run_dir}")
     result = summary(run_dir)
@@ -162,7 +154,7 @@ def test_a_wordlevel_checkpoint_with_foreign_special_tokens_trains(tmp_path,
     rows = [{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a in range(5) for b in range(5)]
     write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
-    launch(tmp_path, f"model.path={wordlevel_model_dir}", "task=jsonl",
+    launch_run(tmp_path, f"model.path={wordlevel_model_dir}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_size=5", "+experiment=smoke",
            f"run_dir={run_dir}")
     assert summary(run_dir)["steps"] == 3
@@ -190,7 +182,7 @@ def test_a_verl_parquet_file_with_the_math_reward(tmp_path, chat_model_dir):
     pq.write_table(pa.Table.from_pylist(verl_rows(48)), tmp_path / "train.parquet")
     pq.write_table(pa.Table.from_pylist(verl_rows(8)), tmp_path / "test.parquet")
     run_dir = tmp_path / "run"
-    launch(tmp_path, f"model.path={chat_model_dir}", "task=verl",
+    launch_run(tmp_path, f"model.path={chat_model_dir}", "task=verl",
            "task.train_files=[train.parquet]", "task.eval_files=[test.parquet]",
            "reward=math", "+experiment=smoke", f"run_dir={run_dir}")
     result = summary(run_dir)
@@ -217,7 +209,7 @@ def score(task, completion):
 def test_a_reward_that_raises_on_a_tenth_of_samples(tmp_path, tiny_model_dir):
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
     run_dir = tmp_path / "run"
-    proc = launch(tmp_path, f"model.path={tiny_model_dir}", "reward=python",
+    proc = launch_run(tmp_path, f"model.path={tiny_model_dir}", "reward=python",
                   "reward.path=flaky.py", "steps=6", "batch_size=32", "group_size=8",
                   "eval_every=6", f"run_dir={run_dir}")
     assert "the judge is down" in proc.stderr  # shown on the console once

@@ -75,24 +75,14 @@ def test_a_three_turn_tool_rollout_trains_exactly_the_sampled_tokens(node):
 
 
 def test_the_behaviour_log_probs_are_the_trainers(node):
-    from omegaconf import OmegaConf
-
-    from astraflow.plugins import get_registry
-    from astraflow.types import Batch, TrainItem
+    from astraflow.testing.rollout import trainer_gap
+    from astraflow.types import TrainItem
 
     session = node.open(Task("t2", "6+2=", "8"), ["policy"])
     tool_rollout(node.client(session), "6+2=", "1+1=")
     node.gateway.close(session.key)
     items = [TrainItem(t, 0.0) for t in session.trajectories(1.0, {})]
-    entry = get_registry().get("trainer_backend", "hf")
-    trainer = entry.create(OmegaConf.structured(entry.config_cls), node.model_dir)
-    worst, count = 0.0, 0
-    for item, lps in zip(items, trainer.compute_logprobs(Batch("b", "policy", items)),
-                         strict=True):
-        traj = item.trajectory
-        for behaviour, recomputed, m in zip(traj.logprobs, lps, traj.loss_mask, strict=True):
-            if m:
-                worst, count = max(worst, abs(behaviour - recomputed)), count + 1
+    worst, count = trainer_gap("hf", node.model_dir, items)
     assert count >= 6
     assert worst < 1e-4
 

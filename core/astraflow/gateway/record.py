@@ -105,7 +105,8 @@ class Session:
     final_text: str = ""
 
     # -- planning a call -------------------------------------------------------------
-    def plan(self, role: str, rendered: str, messages: list[dict[str, Any]] | None) -> Plan:
+    def plan(self, role: str, rendered: str, messages: list[dict[str, Any]] | None,
+             tools: list[dict[str, Any]] | None = None) -> Plan:
         tok = self.tokenizer
         mine = [s for s in self.segments if s.role == role]
         by_text = [s for s in mine if rendered.startswith(s.text)]
@@ -117,7 +118,7 @@ class Session:
             for base in sorted(mine, key=lambda s: -len(s.builder.tokens)):
                 if base.messages is None or wanted[: len(base.messages)] != base.messages:
                     continue
-                suffix = self._suffix_by_messages(base, messages, rendered)
+                suffix = self._suffix_by_messages(base, messages, rendered, tools)
                 if suffix is not None:
                     return self._extend(base, suffix)
         if mine:
@@ -130,17 +131,18 @@ class Session:
         return Plan(base, suffix, ids, base.revision)
 
     def _suffix_by_messages(self, base: Segment, messages: list[dict[str, Any]],
-                            rendered: str) -> str | None:
+                            rendered: str, tools: list[dict[str, Any]] | None) -> str | None:
         """The text after the recorded tokens: the template's end of the reply's turn
         (e.g. ``<|im_end|>\\n`` after a reply that stopped at ``<|im_end|>``), then the new
         messages. None when the template does not render the history as a prefix."""
         tok = self.tokenizer
         count = len(base.messages or [])
         history = _with_dict_arguments(messages[:count])
-        with_reply = tok.render_chat(history, add_generation_prompt=False)
+        tools = tools or None
+        with_reply = tok.render_chat(history, add_generation_prompt=False, tools=tools)
         if not rendered.startswith(with_reply):
             return None
-        before = tok.render_chat(history[:-1], add_generation_prompt=True)
+        before = tok.render_chat(history[:-1], add_generation_prompt=True, tools=tools)
         reply = with_reply[len(before):] if with_reply.startswith(before) else ""
         sampled = tok.decode(base.last_ids, skip_special_tokens=False)
         if reply.startswith(sampled):

@@ -289,7 +289,7 @@ class Gateway:
             raise _bad(f"the chat template cannot render these messages: {exc}",
                        "messages") from exc
         try:
-            plan = session.plan(role, rendered, messages)
+            plan = session.plan(role, rendered, messages, tools)
         except ValueError as exc:  # text this tokenizer cannot encode
             raise _bad(str(exc), "messages") from exc
         sampling = self._sampling(body, len(plan.prompt_ids), bool(tools))
@@ -314,14 +314,7 @@ class Gateway:
             choices.append(choice)
         session.record(role, plan, generations, messages, replies)
         session.final_text = content_text(replies[0]["content"])
-        reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                 "created": int(time.time()), "model": role, "choices": choices,
-                 "usage": self._usage(plan, generations)}
-        if body.get("return_token_ids"):
-            reply["prompt_token_ids"] = list(plan.prompt_ids)
-        if body.get("stream"):
-            return self._stream(reply, body)
-        return JSONResponse(reply)
+        return self._reply("chat.completion", role, choices, plan, generations, body)
 
     async def _completions(self, session: Session, body: dict[str, Any]) -> Any:
         role = self._role(session, body)
@@ -352,7 +345,12 @@ class Gateway:
             choices.append(choice)
         session.record(role, plan, generations, None, [None] * len(generations))
         session.final_text = choices[0]["text"]
-        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+        return self._reply("text_completion", role, choices, plan, generations, body)
+
+    def _reply(self, kind: str, role: str, choices: list[dict[str, Any]], plan: Plan,
+               generations: list[Generation], body: dict[str, Any]) -> Any:
+        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+        reply = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind,
                  "created": int(time.time()), "model": role, "choices": choices,
                  "usage": self._usage(plan, generations)}
         if body.get("return_token_ids"):

@@ -62,3 +62,23 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = 
 
 
 __all__ = ["assert_plugin_installed", "wait_until"]
+
+
+def launch_run(cwd: Any, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m astraflow OVERRIDES`` in ``cwd`` as a user runs it; fails the test with
+    the end of its console output unless it succeeds."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher.progress=false",
+                           *overrides], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def run_summary(run_dir: Any) -> dict[str, Any]:
+    """Each policy's entry of a finished run's ``summary.json``."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(run_dir) / "summary.json").read_text())["policies"]

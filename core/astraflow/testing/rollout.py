@@ -175,7 +175,7 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     ``raas_config`` replaces the backend's default config (e.g. to start a stand-in).
     """
     from astraflow.text import load_tokenizer
-    from astraflow.types import Batch, TrainItem
+    from astraflow.types import TrainItem
     from astraflow.workflows.builder import TrajectoryBuilder
 
     registry = get_registry()
@@ -199,7 +199,15 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     finally:
         loop.run(engine.shutdown())
         loop.close()
-    entry = registry.get("trainer_backend", trainer)
+    return trainer_gap(trainer, model_dir, items)
+
+
+def trainer_gap(trainer: str, model_dir: str, items: list[Any]) -> tuple[float, int]:
+    """Max |behaviour - recomputed| log-prob over the trained tokens of ``items``
+    (:class:`~astraflow.types.TrainItem`), recomputed by ``trainer`` on ``model_dir``."""
+    from astraflow.types import Batch
+
+    entry = get_registry().get("trainer_backend", trainer)
     backend = entry.create(OmegaConf.structured(entry.config_cls), model_dir)
     worst, count = 0.0, 0
     for item, lps in zip(items, backend.compute_logprobs(Batch("b", "policy", items)),
