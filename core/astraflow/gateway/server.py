@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -91,17 +90,11 @@ class Gateway:
     async def start(self) -> str:
         import uvicorn
 
+        from astraflow.dataflow.server import _bind, _url
+
         s = self.settings
-        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET,
-                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((s.host, s.port))
-        sock.listen(1024)
-        sock.setblocking(False)
-        port = sock.getsockname()[1]
-        host = s.advertise_host or s.host
-        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        sock = _bind(s.host, s.port)
+        self.url = _url(s.advertise_host or s.host, sock)
 
         class _Server(uvicorn.Server):
             # the node owns SIGINT/SIGTERM: the gateway is stopped with it

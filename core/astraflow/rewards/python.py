@@ -87,6 +87,25 @@ def load_module(file: Path, key: str = "reward.path") -> ModuleType:
     return module
 
 
+def load_function(path: str, name: str, setting: str) -> tuple[Path, ModuleType, Any]:
+    """``name`` from the Python file ``path``; every mistake is a one-line
+    :class:`ConfigError` naming ``setting.path`` / ``setting.function``."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(f"{setting}.path={path}: no such file ({file})")
+    module = load_module(file, key=f"{setting}.path")
+    if not hasattr(module, name):
+        defined = _defined_callables(module)
+        listed = ", ".join(defined) if defined else "no functions"
+        raise ConfigError(f"{setting}.function={name} is not defined in {file}; it defines: "
+                          f"{listed}")
+    function = getattr(module, name)
+    if not callable(function):
+        raise ConfigError(f"{setting}.function={name} in {file} is a "
+                          f"{type(function).__name__}, not a function")
+    return file, module, function
+
+
 def _defined_callables(module: ModuleType) -> list[str]:
     """The functions and classes the file itself defines, not the ones it imports."""
     return sorted(
@@ -121,23 +140,7 @@ class PythonReward(Reward):
         name = str(getattr(config, "function", "") or "score")
         if not path:
             raise ConfigError("reward=python needs reward.path=FILE")
-        file = Path(path).expanduser().resolve()
-        if not file.is_file():
-            raise ConfigError(f"reward.path={path}: no such file ({file})")
-        self.file = file
-        self.module = load_module(file)
-        if not hasattr(self.module, name):
-            defined = _defined_callables(self.module)
-            listed = ", ".join(defined) if defined else "no functions"
-            raise ConfigError(
-                f"reward.function={name} is not defined in {file}; it defines: {listed}"
-            )
-        self.function = getattr(self.module, name)
-        if not callable(self.function):
-            raise ConfigError(
-                f"reward.function={name} in {file} is a {type(self.function).__name__}, "
-                "not a function"
-            )
+        self.file, self.module, self.function = load_function(path, name, "reward")
         self._verl = _verl_arguments(self.function)
 
     def __call__(self, task: Task, completion: str) -> Any:

@@ -30,7 +30,6 @@ import shutil
 import signal
 import traceback
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from astraflow.contracts import PolicyHandle, Workflow
@@ -92,24 +91,6 @@ class AgentFailed(Exception):
     pass
 
 
-def _load(config: Any) -> Any:
-    from astraflow.rewards.python import _defined_callables, load_module
-
-    file = Path(config.path).expanduser().resolve()
-    if not file.is_file():
-        raise ConfigError(f"agent.path={config.path}: no such file ({file})")
-    module = load_module(file, key="agent.path")
-    name = config.function
-    function = getattr(module, name, None)
-    if function is None:
-        listed = ", ".join(_defined_callables(module)) or "no functions"
-        raise ConfigError(f"agent.function={name} is not defined in {file}; it "
-                          f"defines: {listed}")
-    if not callable(function):
-        raise ConfigError(f"agent.function={name} in {file} is not a function")
-    return function
-
-
 class AgentWorkflow(Workflow):
     @classmethod
     def roles_for(cls, config: Any) -> tuple[str, ...]:
@@ -133,7 +114,9 @@ class AgentWorkflow(Workflow):
                 raise ConfigError(f"agent.command={config.command!r}: "
                                   f"{argv[0] if argv else 'nothing'} is not a program on PATH")
             return None
-        return _load(config)
+        from astraflow.rewards.python import load_function
+
+        return load_function(config.path, config.function, "agent")[2]
 
     def __init__(self, config: Any, tokenizer: Any, reward: Any) -> None:
         super().__init__(config, tokenizer, reward)
