@@ -93,6 +93,29 @@ def cmd_dataflow(argv: list[str]) -> int:
     return dataflow_main(argv)
 
 
+def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
+    """For a mistyped setting: one line naming it and the settings its section has."""
+    import re
+
+    found = re.search(r"Could not override '([^']+)'", str(exc))
+    if found is None:
+        return None
+    key = found.group(1)
+    parent, _, leaf = key.rpartition(".")
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        from astraflow.config import compose_config
+
+        rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(leaf)]
+        node = OmegaConf.select(compose_config(rest), parent) if parent else None
+        if not isinstance(node, DictConfig):
+            return None
+        return f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
+    except Exception:
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     _load_subcommands()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -116,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if not isinstance(exc, HydraException | OmegaConfBaseException):
             raise
-        print(f"astraflow: config error: {exc}", file=sys.stderr)
+        print(f"astraflow: config error: {_unknown_setting(exc, argv) or exc}",
+              file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         code = 130

@@ -113,3 +113,11 @@ def test_an_agent_function_that_is_not_in_the_file(tmp_path, tiny_model_dir):
     line = refused(launch(tmp_path, "workflow=agent", "agent.path=agent.py",
                           "agent.function=run", f"model.path={tiny_model_dir}"), tmp_path)
     assert "agent.function=run is not defined" in line and "it defines: main" in line
+
+
+def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
+    proc = launch(tmp_path, "workflow=agent", "agent.fucntion=run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[0]
+    assert "workflow.fucntion is not a setting" in line and "function" in line
+    assert not (tmp_path / "run").exists()
