@@ -65,3 +65,107 @@ async def run(task, client):
     (slow,) = run(node, flow, Task("slow", "1+1=", "2"), 1)
     assert slow.metadata["reward_failed"] and "agent.timeout=5s" in slow.metadata["reward_error"]
     assert flow.failed == 2 and "the sandbox is gone" in flow.first_error
+
+
+WORKER_AGENT = '''
+import os
+import time
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+
+async def run(task, client):
+    print("what an agent prints is not the node's protocol")
+    Path(os.environ["PIDS"], task.task_id).write_text(str(os.getpid()))
+    api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+    await api.chat.completions.create(model=client.model, max_tokens=4,
+                                      messages=[{"role": "user", "content": task.prompt}])
+    if task.task_id.startswith("crash"):
+        os._exit(3)
+    if task.task_id == "block":
+        time.sleep(2)  # a synchronous call inside an async agent
+    return {"reward": 1.0}
+'''
+
+
+def test_agents_run_in_a_worker_process_that_may_crash_or_block(node, tmp_path, monkeypatch):
+    import os
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(WORKER_AGENT)
+    monkeypatch.setenv("PIDS", str(tmp_path))
+    flow = workflow(node, path=str(agent), timeout=60, workers=1)
+
+    def one(task_id: str):
+        task = Task(task_id, "1+1=", "2")
+        task.metadata["group_id"] = task_id
+        (traj,) = node.loop.run(flow.run(task, {"policy": node.policies["policy"]}, 1))
+        return traj
+
+    try:
+        fine = one("fine")
+        assert fine.reward == 1.0 and not fine.metadata.get("reward_failed")
+        first_pid = int((tmp_path / "fine").read_text())
+        assert first_pid != os.getpid()  # the agent ran outside the node
+        crash = one("crash")  # the worker dies mid-rollout: that rollout fails, counted
+        assert crash.metadata["reward_failed"]
+        assert "exited with code 3" in crash.metadata["reward_error"]
+        again = one("again")  # ... and the next rollout gets a new worker
+        assert again.reward == 1.0 and int((tmp_path / "again").read_text()) != first_pid
+        assert flow.failed == 1
+    finally:
+        node.loop.run(flow.aclose())
+
+
+def test_a_worker_that_keeps_dying_is_not_started_again(node, tmp_path, monkeypatch):
+    agent = tmp_path / "agent.py"
+    agent.write_text(WORKER_AGENT)
+    monkeypatch.setenv("PIDS", str(tmp_path))
+    flow = workflow(node, path=str(agent), timeout=60, workers=1)
+    try:
+        for i in range(3):
+            task = Task(f"crash{i}", "1+1=", "2")
+            task.metadata["group_id"] = task.task_id
+            out = node.loop.run(flow.run(task, {"policy": node.policies["policy"]}, 1))
+            # the third rollout fails before its agent makes a call: nothing to train on
+            assert [t.metadata["reward_failed"] for t in out] == ([True] if i < 2 else [])
+        assert flow.failed == 3
+        assert not (tmp_path / "crash2").exists()  # no third process was started
+    finally:
+        node.loop.run(flow.aclose())
+
+
+def test_an_agent_that_blocks_stalls_the_node_only_on_the_node_s_own_loop(node, tmp_path,
+                                                                         monkeypatch):
+    """With agent.workers=0 a blocking agent stops the node's event loop (its engine,
+    gateway, leases) for as long as it blocks; in a worker process it does not."""
+    import asyncio
+    import time
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(WORKER_AGENT)
+    monkeypatch.setenv("PIDS", str(tmp_path))
+
+    async def longest_stall(flow: AgentWorkflow) -> float:
+        task = Task("block", "1+1=", "2")
+        task.metadata["group_id"] = "block"
+        rollout = asyncio.ensure_future(flow.run(task, {"policy": node.policies["policy"]}, 1))
+        worst, last = 0.0, time.monotonic()
+        while not rollout.done():
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+        (traj,) = rollout.result()
+        assert traj.reward == 1.0
+        return worst
+
+    stalls = {}
+    for workers in (0, 1):
+        flow = workflow(node, path=str(agent), timeout=60, workers=workers)
+        try:
+            stalls[workers] = node.loop.run(longest_stall(flow))
+        finally:
+            node.loop.run(flow.aclose())
+    assert stalls[0] >= 1.9, stalls
+    assert stalls[1] < 1.0, stalls

@@ -22,14 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import json
 import logging
 import os
 import shlex
 import shutil
 import signal
+import sys
 import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from astraflow.contracts import PolicyHandle, Workflow
@@ -54,6 +57,9 @@ class AgentConfig:
     function: str = "run"
     command: str = ""  # or: a command line; the gateway's URL and key in its environment
     timeout: float = 300.0  # seconds per rollout; a slower agent fails its rollout
+    #: processes running agent.path's function (0: on the node's own event loop, where
+    #: an agent that blocks or burns CPU stalls the node's engine and gateway)
+    workers: int = 1
     #: the model names the agent may call, each a policy of the run
     models: list[str] = field(default_factory=lambda: ["policy"])
     credit: str = "final"  # final: every segment gets the reward | discount: per call
@@ -91,6 +97,106 @@ class AgentFailed(Exception):
     pass
 
 
+class _Worker:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.pending: dict[int, asyncio.Future] = {}
+        self.reader: asyncio.Task | None = None
+
+
+class AgentProcesses:
+    """``agent.workers`` processes running the agent function, rollouts spread over
+    them (the least busy first), JSON lines in and out
+    (:mod:`astraflow.workflows.agent_worker`). A worker that dies fails the rollouts it
+    had and is started again for the next; one that dies twice in a row without
+    finishing a rollout is not started again."""
+
+    def __init__(self, path: str, function: str, workers: int) -> None:
+        self.argv = [sys.executable, "-m", "astraflow.workflows.agent_worker",
+                     str(Path(path).expanduser().resolve()), function]
+        self.workers: list[_Worker | None] = [None] * workers
+        self._ids = itertools.count()
+        self._lock = asyncio.Lock()
+        self.deaths_in_a_row = 0
+        self.gave_up: str | None = None
+
+    async def _worker(self) -> _Worker:
+        async with self._lock:
+            if self.gave_up:
+                raise AgentFailed(self.gave_up)
+            slot = min(range(len(self.workers)), key=lambda i: -1 if self.workers[i] is None
+                       else len(self.workers[i].pending))
+            worker = self.workers[slot]
+            if worker is None:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    limit=64 * 1024 * 1024)
+                worker = self.workers[slot] = _Worker(proc)
+                worker.reader = asyncio.create_task(self._read(slot, worker))
+            return worker
+
+    async def _read(self, slot: int, worker: _Worker) -> None:
+        assert worker.proc.stdout is not None
+        while line := await worker.proc.stdout.readline():
+            message = json.loads(line)
+            self.deaths_in_a_row = 0
+            future = worker.pending.pop(message["id"], None)
+            if future is None or future.done():
+                continue
+            if "error" in message:
+                future.set_exception(AgentFailed(message["error"]))
+            else:
+                future.set_result(message["result"])
+        code = await worker.proc.wait()
+        self.workers[slot] = None
+        self.deaths_in_a_row += 1
+        why = (f"the agent's worker process exited with code {code} (its output is above)"
+               " while running this rollout")
+        if self.deaths_in_a_row >= 2:
+            self.gave_up = (f"the agent's worker process exited twice in a row (last code "
+                            f"{code}) before finishing a rollout; not started again")
+        for future in worker.pending.values():
+            if not future.done():
+                future.set_exception(AgentFailed(why))
+        worker.pending.clear()
+
+    async def call(self, task: Task, client: ClientConfig) -> Any:
+        worker = await self._worker()
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        worker.pending[rid] = future
+        line = json.dumps({"id": rid, "task": asdict(task), "client": asdict(client)})
+        assert worker.proc.stdin is not None
+        try:
+            worker.proc.stdin.write(line.encode() + b"\n")
+            await worker.proc.stdin.drain()
+            return await future
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise AgentFailed("the agent's worker process is gone") from exc
+        except asyncio.CancelledError:  # agent.timeout: the worker drops the rollout
+            worker.pending.pop(rid, None)
+            with contextlib.suppress(Exception):
+                worker.proc.stdin.write(json.dumps({"cancel": rid}).encode() + b"\n")
+            raise
+
+    async def aclose(self) -> None:
+        for worker in self.workers:
+            if worker is None:
+                continue
+            with contextlib.suppress(Exception):
+                assert worker.proc.stdin is not None
+                worker.proc.stdin.close()
+            try:
+                await asyncio.wait_for(worker.proc.wait(), 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()
+                await worker.proc.wait()
+            if worker.reader is not None:
+                await worker.reader
+        self.workers = [None] * len(self.workers)
+
+
 class AgentWorkflow(Workflow):
     @classmethod
     def roles_for(cls, config: Any) -> tuple[str, ...]:
@@ -105,6 +211,9 @@ class AgentWorkflow(Workflow):
         if config.credit not in CREDIT:
             raise ConfigError(f"agent.credit={config.credit}: expected one of "
                               f"{', '.join(CREDIT)}")
+        if config.workers < 0:
+            raise ConfigError(f"agent.workers={config.workers}: expected 0 (the node's own "
+                              "event loop) or a number of processes")
         if bool(config.path) == bool(config.command):
             raise ConfigError("workflow=agent needs agent.path=FILE (with agent.function) "
                               "or agent.command='CMD ...', not both")
@@ -121,8 +230,13 @@ class AgentWorkflow(Workflow):
     def __init__(self, config: Any, tokenizer: Any, reward: Any) -> None:
         super().__init__(config, tokenizer, reward)
         self.roles = tuple(config.models)
+        # read per rollout: plain values, not the config's slower attribute lookups
+        self.timeout, self.credit = float(config.timeout), str(config.credit)
+        self.discount = float(config.discount)
         self.function = self.check_config(config)
         self.argv = shlex.split(config.command) if config.command else None
+        self.processes = (AgentProcesses(config.path, config.function, config.workers)
+                          if self.function is not None and config.workers > 0 else None)
         self.gateway: Gateway | None = None
         self._starting: asyncio.Lock | None = None
         #: rollouts that failed (raised, timed out) and the first failure's traceback
@@ -151,6 +265,8 @@ class AgentWorkflow(Workflow):
         return self.gateway
 
     async def aclose(self) -> None:
+        if self.processes is not None:
+            await self.processes.aclose()
         if self.gateway is not None:
             await self.gateway.stop()
             self.gateway = None
@@ -173,12 +289,11 @@ class AgentWorkflow(Workflow):
         client = ClientConfig(f"{gateway.url}/v1", session.key, self.roles[0],
                               list(self.roles))
         try:
-            result = await asyncio.wait_for(self._call_agent(task, client),
-                                            self.config.timeout)
+            result = await asyncio.wait_for(self._call_agent(task, client), self.timeout)
             score = await self._score(task, result, session.final_text)
         except TimeoutError:
             score = self._failure(f"AgentTimeout: the agent did not finish within "
-                                  f"agent.timeout={self.config.timeout:g}s")
+                                  f"agent.timeout={self.timeout:g}s")
         except Exception:
             score = self._failure(traceback.format_exc()[-_ERROR_CHARS:])
         finally:
@@ -186,8 +301,7 @@ class AgentWorkflow(Workflow):
         meta = {"task_type": task.task_type, "sample": sample,
                 "rollout": f"{group_id}:{sample}", "agent_calls": session.calls,
                 "agent_restarts": session.restarts, **score.metadata()}
-        return session.trajectories(score.value, meta, self.config.credit,
-                                    self.config.discount)
+        return session.trajectories(score.value, meta, self.credit, self.discount)
 
     def _failure(self, error: str) -> Score:
         self.failed += 1
@@ -196,6 +310,8 @@ class AgentWorkflow(Workflow):
         return Score(0.0, error=error)
 
     async def _call_agent(self, task: Task, client: ClientConfig) -> Any:
+        if self.processes is not None:
+            return await self.processes.call(task, client)
         if self.function is not None:
             if inspect.iscoroutinefunction(self.function):
                 return await self.function(task, client)

@@ -1,0 +1,107 @@
+"""A process that runs a node's Python agents (``agent.workers``).
+
+The node sends one JSON line per rollout on this process's stdin -- ``{"id", "task",
+"client"}`` -- and reads one JSON line per finished rollout from the pipe that was its
+stdout: ``{"id", "result"}`` or ``{"id", "error"}`` (a traceback). ``{"cancel": id}``
+cancels a rollout (its ``agent.timeout`` ran out). Whatever the agent prints goes to the
+node's stderr, never into the protocol. JSON only: nothing is unpickled.
+
+Agents run here, not on the node's event loop, so an agent that burns CPU (a framework,
+a tool, a parser) or blocks (``time.sleep``, a synchronous client) does not stall the
+node's engine, gateway, leases and weight pulls -- and a crashing agent does not take
+the node with it.
+
+    python -m astraflow.workflows.agent_worker AGENT_FILE FUNCTION
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+#: longest traceback sent back with a failed rollout
+ERROR_CHARS = 4000
+#: longest protocol line (a task with a long prompt and metadata)
+LINE_LIMIT = 64 * 1024 * 1024
+
+
+def _jsonable(result: Any) -> Any:
+    if hasattr(result, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        result = asdict(result)
+    json.dumps(result)  # raises TypeError on what cannot cross
+    return result
+
+
+async def call(function: Any, task: Any, client: Any) -> Any:
+    """The agent's result: awaited, or run on a thread if the function is synchronous."""
+    if inspect.iscoroutinefunction(function):
+        return await function(task, client)
+    result = await asyncio.to_thread(function, task, client)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def serve(function: Any, out: Any) -> None:
+    from astraflow.types import Task
+    from astraflow.workflows.agent import ClientConfig
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    running: dict[int, asyncio.Task] = {}
+
+    def reply(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message).encode() + b"\n")
+
+    async def one(rid: int, task: Task, client: ClientConfig) -> None:
+        try:
+            result = _jsonable(await call(function, task, client))
+        except asyncio.CancelledError:
+            return  # the node gave up on it (agent.timeout) and is not waiting
+        except TypeError as exc:
+            reply({"id": rid, "error": f"the agent returned something that is not JSON "
+                                       f"(a number, a dict or None is expected): {exc}"})
+        except BaseException:
+            reply({"id": rid, "error": traceback.format_exc()[-ERROR_CHARS:]})
+        else:
+            reply({"id": rid, "result": result})
+        finally:
+            running.pop(rid, None)
+
+    while line := await reader.readline():
+        message = json.loads(line)
+        if "cancel" in message:
+            if (job := running.get(message["cancel"])) is not None:
+                job.cancel()
+            continue
+        task = Task(**message["task"])
+        client = ClientConfig(**message["client"])
+        running[message["id"]] = asyncio.create_task(one(message["id"], task, client))
+    for job in running.values():  # stdin closed: the node is gone
+        job.cancel()
+
+
+def main(argv: list[str]) -> None:
+    path, name = argv
+    # the protocol keeps the original stdout; the agent's prints go to stderr
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    from astraflow.rewards.python import load_function
+
+    function = load_function(path, name, "agent")[2]
+    asyncio.run(serve(function, out))
+    # the node is gone; the agent's module-level clients would only complain at
+    # interpreter exit that nobody closed them
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
