@@ -157,7 +157,13 @@ def test_bad_requests_get_clear_errors(node):
     big = httpx.post(f"{node.gateway.url}/v1/chat/completions",
                      content=b"x" * (node.gateway.settings.max_body_bytes + 1),
                      headers={"Authorization": f"Bearer {session.key}"})
-    assert big.status_code == 413
+    assert big.status_code == 413 and "max_body_bytes" in big.json()["error"]["message"]
+    auth = {"Authorization": f"Bearer {session.key}"}
+    wrong_route = httpx.post(f"{node.gateway.url}/v1/embeddings", json={}, headers=auth)
+    assert wrong_route.status_code == 404
+    assert "POST /v1/chat/completions" in wrong_route.json()["error"]["message"]
+    wrong_method = httpx.get(f"{node.gateway.url}/v1/chat/completions", headers=auth)
+    assert wrong_method.status_code == 405
     node.gateway.close(session.key)
     # a rollout that ended: its key stops working
     with pytest.raises(openai.AuthenticationError):

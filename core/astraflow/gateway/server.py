@@ -17,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-
 from astraflow.gateway.record import Plan, Session, content_text, render_messages
 from astraflow.gateway.tools import parse_tool_calls, resolve_parser, stop_after_call
-from astraflow.security import BodySizeLimit
 from astraflow.types import Generation, Task
+
+log = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
@@ -52,6 +51,38 @@ class GatewaySettings:
     temperature: float = 1.0  # when a request names none
     tool_parser: str = "auto"
     max_n: int = 16
+
+
+#: path -> (method, handler)
+_ROUTES = {"/v1/chat/completions": ("POST", "_chat"),
+           "/v1/completions": ("POST", "_completions"),
+           "/v1/models": ("GET", "_models")}
+
+
+def _json(payload: dict[str, Any], status: int = 200) -> Any:
+    body = json.dumps(payload).encode()
+
+    async def reply(send: Any) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return reply
+
+
+def _events(events: list[dict[str, Any]]) -> Any:
+    """Server-sent events, then ``[DONE]``, as the API ends a stream."""
+    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + \
+        b"data: [DONE]\n\n"
+
+    async def reply(send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return reply
 
 
 def _bad(message: str, param: str | None = None) -> GatewayError:
@@ -84,7 +115,6 @@ class Gateway:
         self.url = ""
         self._server: Any = None
         self._task: asyncio.Task | None = None
-        self.app = self._app()
 
     # -- life cycle --------------------------------------------------------------------
     async def start(self) -> str:
@@ -102,8 +132,8 @@ class Gateway:
             def capture_signals(self):  # type: ignore[override]
                 yield
 
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                lifespan="off", timeout_keep_alive=75)
+        config = uvicorn.Config(self.app, interface="asgi3", log_level="warning",
+                                access_log=False, lifespan="off", timeout_keep_alive=75)
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -131,41 +161,36 @@ class Gateway:
         return self.sessions.pop(key)
 
     # -- HTTP --------------------------------------------------------------------------
-    def _app(self) -> FastAPI:
-        app = FastAPI(title="AstraFlow OpenAI-compatible gateway", docs_url=None,
-                      redoc_url=None, openapi_url=None)
-        app.add_middleware(BodySizeLimit, max_bytes=self.settings.max_body_bytes)
+    # A plain ASGI app: three routes, one key check, one body limit. Every call of every
+    # rollout passes through here, so it does no more per request than that.
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            route = _ROUTES.get(scope["path"].rstrip("/"))
+            if route is None:
+                raise GatewayError(404, f"no route {scope['path']}: this endpoint serves "
+                                   f"{', '.join(f'{m} {p}' for p, (m, _) in _ROUTES.items())}",
+                                   kind="not_found_error")
+            method, handler = route
+            if scope["method"] != method:
+                raise GatewayError(405, f"{scope['path']} takes {method}")
+            headers = dict(scope["headers"])
+            session = self._session(headers.get(b"authorization", b"").decode("latin-1"))
+            body = await self._body(headers, receive) if method == "POST" else {}
+            reply = await getattr(self, handler)(session, body)
+        except GatewayError as exc:
+            reply = _json({"error": {"message": exc.message, "type": exc.kind,
+                                     "param": exc.param, "code": None}}, exc.status)
+        except Exception as exc:  # a bug here: the agent gets a 500 saying what
+            log.exception("gateway: %s %s failed", scope["method"], scope["path"])
+            reply = _json({"error": {"message": f"{type(exc).__name__}: {exc}",
+                                     "type": "server_error", "param": None, "code": None}},
+                          500)
+        await reply(send)
 
-        @app.exception_handler(GatewayError)
-        async def error(_request: Request, exc: GatewayError) -> JSONResponse:
-            return JSONResponse({"error": {"message": exc.message, "type": exc.kind,
-                                           "param": exc.param, "code": None}},
-                                status_code=exc.status)
-
-        @app.get("/v1/models")
-        async def models(request: Request) -> JSONResponse:
-            session = self._session(request)
-            return JSONResponse({"object": "list", "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "astraflow"}
-                for name in session.policies]})
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> Any:
-            session = self._session(request)
-            body = await self._body(request)
-            return await self._chat(session, body)
-
-        @app.post("/v1/completions")
-        async def completions(request: Request) -> Any:
-            session = self._session(request)
-            body = await self._body(request)
-            return await self._completions(session, body)
-
-        return app
-
-    def _session(self, request: Request) -> Session:
-        header = request.headers.get("authorization", "")
-        key = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    def _session(self, header: str) -> Session:
+        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
         session = self.sessions.get(key)
         if session is None:
             raise GatewayError(401, "invalid API key: each rollout has its own key, given "
@@ -173,15 +198,36 @@ class Gateway:
                                kind="authentication_error")
         return session
 
-    @staticmethod
-    async def _body(request: Request) -> dict[str, Any]:
+    async def _body(self, headers: dict[bytes, bytes], receive: Any) -> dict[str, Any]:
+        limit = self.settings.max_body_bytes
+        declared = headers.get(b"content-length", b"")
+        too_large = GatewayError(413, f"the request body exceeds {limit} bytes "
+                                 "(agent.max_body_bytes)")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, seen, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise GatewayError(400, "the client went away before sending its body")
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                raise too_large
+            chunks.append(chunk)
+            more = message.get("more_body", False)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(b"".join(chunks))
         except ValueError as exc:
             raise _bad(f"the request body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise _bad("the request body must be a JSON object")
         return body
+
+    async def _models(self, session: Session, _body: dict[str, Any]) -> Any:
+        return _json({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "astraflow"}
+            for name in session.policies]})
 
     def _role(self, session: Session, body: dict[str, Any]) -> str:
         model = body.get("model")
@@ -350,7 +396,7 @@ class Gateway:
             reply["prompt_token_ids"] = list(plan.prompt_ids)
         if body.get("stream"):
             return self._stream(reply, body)
-        return JSONResponse(reply)
+        return _json(reply)
 
     @staticmethod
     def _usage(plan: Plan, generations: list[Generation]) -> dict[str, int]:
@@ -359,7 +405,7 @@ class Gateway:
                 "total_tokens": len(plan.prompt_ids) + done}
 
     @staticmethod
-    def _stream(reply: dict[str, Any], body: dict[str, Any]) -> StreamingResponse:
+    def _stream(reply: dict[str, Any], body: dict[str, Any]) -> Any:
         """Server-sent events of a finished answer, as the API streams one."""
         chat = reply["object"] == "chat.completion"
         base = {"id": reply["id"], "created": reply["created"], "model": reply["model"],
@@ -386,10 +432,4 @@ class Gateway:
                 events.append({**base, "choices": [choice]})
         if (body.get("stream_options") or {}).get("include_usage"):
             events.append({**base, "choices": [], "usage": reply["usage"]})
-
-        async def lines():
-            for event in events:
-                yield f"data: {json.dumps(event)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(lines(), media_type="text/event-stream")
+        return _events(events)
