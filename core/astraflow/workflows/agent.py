@@ -39,6 +39,7 @@ from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
 from astraflow.rewards.base import Score, as_score
 from astraflow.types import Task, Trajectory
+from astraflow.workflows.builder import TrajectoryBuilder
 
 if TYPE_CHECKING:
     from astraflow.gateway.server import Gateway
@@ -57,9 +58,10 @@ class AgentConfig:
     function: str = "run"
     command: str = ""  # or: a command line; the gateway's URL and key in its environment
     timeout: float = 300.0  # seconds per rollout; a slower agent fails its rollout
-    #: processes running agent.path's function (0: on the node's own event loop, where
-    #: an agent that blocks or burns CPU stalls the node's engine and gateway)
-    workers: int = 1
+    #: processes running agent.path's function; null: one per CPU, at most 4 (the
+    #: openai client spends ~1.5 ms of CPU a call). 0: on the node's own event loop,
+    #: where an agent that blocks or burns CPU stalls the node's engine and gateway
+    workers: int | None = None
     #: the model names the agent may call, each a policy of the run
     models: list[str] = field(default_factory=lambda: ["policy"])
     credit: str = "final"  # final: every segment gets the reward | discount: per call
@@ -97,6 +99,15 @@ class AgentFailed(Exception):
     pass
 
 
+def default_workers() -> int:
+    """``agent.workers=null``: a process per CPU this node may use, at most 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
 class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
@@ -108,8 +119,8 @@ class AgentProcesses:
     """``agent.workers`` processes running the agent function, rollouts spread over
     them (the least busy first), JSON lines in and out
     (:mod:`astraflow.workflows.agent_worker`). A worker that dies fails the rollouts it
-    had and is started again for the next; one that dies twice in a row without
-    finishing a rollout is not started again."""
+    had and is started again for the next -- unless workers died ``workers + 1`` times
+    in a row with no rollout finished in between: then none is started again."""
 
     def __init__(self, path: str, function: str, workers: int) -> None:
         self.argv = [sys.executable, "-m", "astraflow.workflows.agent_worker",
@@ -152,9 +163,10 @@ class AgentProcesses:
         self.deaths_in_a_row += 1
         why = (f"the agent's worker process exited with code {code} (its output is above)"
                " while running this rollout")
-        if self.deaths_in_a_row >= 2:
-            self.gave_up = (f"the agent's worker process exited twice in a row (last code "
-                            f"{code}) before finishing a rollout; not started again")
+        if self.deaths_in_a_row > len(self.workers):
+            self.gave_up = (f"the agent's worker processes exited {self.deaths_in_a_row} "
+                            f"times in a row (last code {code}) without finishing a "
+                            "rollout; not started again")
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(AgentFailed(why))
@@ -211,7 +223,7 @@ class AgentWorkflow(Workflow):
         if config.credit not in CREDIT:
             raise ConfigError(f"agent.credit={config.credit}: expected one of "
                               f"{', '.join(CREDIT)}")
-        if config.workers < 0:
+        if config.workers is not None and config.workers < 0:
             raise ConfigError(f"agent.workers={config.workers}: expected 0 (the node's own "
                               "event loop) or a number of processes")
         if bool(config.path) == bool(config.command):
@@ -235,8 +247,9 @@ class AgentWorkflow(Workflow):
         self.discount = float(config.discount)
         self.function = self.check_config(config)
         self.argv = shlex.split(config.command) if config.command else None
-        self.processes = (AgentProcesses(config.path, config.function, config.workers)
-                          if self.function is not None and config.workers > 0 else None)
+        workers = default_workers() if config.workers is None else int(config.workers)
+        self.processes = (AgentProcesses(config.path, config.function, workers)
+                          if self.function is not None and workers > 0 else None)
         self.gateway: Gateway | None = None
         self._starting: asyncio.Lock | None = None
         #: rollouts that failed (raised, timed out) and the first failure's traceback
@@ -301,7 +314,23 @@ class AgentWorkflow(Workflow):
         meta = {"task_type": task.task_type, "sample": sample,
                 "rollout": f"{group_id}:{sample}", "agent_calls": session.calls,
                 "agent_restarts": session.restarts, **score.metadata()}
-        return session.trajectories(score.value, meta, self.credit, self.discount)
+        trajectories = session.trajectories(score.value, meta, self.credit, self.discount)
+        if not trajectories:
+            # no call sampled anything (the agent failed first, or answered by itself):
+            # the rollout still counts -- a failure in the failure counts, a reward in
+            # its group's baseline -- with the prompt as context and nothing to train
+            trajectories = [self._untrained(task, group_id, score.value, meta)]
+        return trajectories
+
+    def _untrained(self, task: Task, group_id: str, reward: float,
+                   meta: dict[str, Any]) -> Trajectory:
+        try:
+            prompt = self.tokenizer.encode_prompt(task.prompt)
+        except Exception:  # a prompt the template refuses: its text will do as context
+            prompt = self.tokenizer.encode(str(task.prompt))
+        builder = TrajectoryBuilder(task.task_id, group_id)
+        builder.add_context(prompt or list(self.tokenizer.stop_token_ids)[:1])
+        return builder.build(self.roles[0], reward, {**meta, "rollout_reward": reward})
 
     def _failure(self, error: str) -> Score:
         self.failed += 1

@@ -83,8 +83,11 @@ async def serve(function: Any, out: Any) -> None:
         task = Task(**message["task"])
         client = ClientConfig(**message["client"])
         running[message["id"]] = asyncio.create_task(one(message["id"], task, client))
-    for job in running.values():  # stdin closed: the node is gone
-        job.cancel()
+    # stdin closed: the node is gone. Exit now, not when the agents' threads return (a
+    # synchronous agent may be blocked for good), and without the complaints of module-
+    # level clients nobody closed
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str]) -> None:
@@ -97,10 +100,6 @@ def main(argv: list[str]) -> None:
 
     function = load_function(path, name, "agent")[2]
     asyncio.run(serve(function, out))
-    # the node is gone; the agent's module-level clients would only complain at
-    # interpreter exit that nobody closed them
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
