@@ -132,3 +132,27 @@ def test_an_agent_driving_its_own_calls_learns(tmp_path):
     # measured 0.19 -> 0.42 (+23 points) in 300 steps, about 6.5 min on 2 CPU cores
     assert gain >= 0.20
     assert all(r["reward_failed"] == 0 for r in records(run_dir, "train"))
+
+
+BROKEN_AGENT = '''
+async def run(task, client):
+    raise KeyError("OPENAI_ORG")  # a bug before the agent's first call
+'''
+
+
+@pytest.mark.slow
+def test_an_agent_that_fails_before_its_first_call_stops_the_run_with_its_error(tmp_path):
+    """Its rollouts sample nothing, yet each one counts as a failure: the run stops on
+    reward.max_failure_fraction with the agent's traceback, instead of training on
+    nothing or re-leasing the same tasks forever."""
+    import subprocess
+    import sys
+
+    (tmp_path / "agent.py").write_text(BROKEN_AGENT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "launcher.progress=false", "workflow=agent",
+         "agent.path=agent.py", "reward.max_failure_fraction=0.5", *SMOKE,
+         f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "KeyError: 'OPENAI_ORG'" in proc.stderr, proc.stderr[-3000:]

@@ -127,9 +127,12 @@ def test_a_worker_that_keeps_dying_is_not_started_again(node, tmp_path, monkeypa
         for i in range(3):
             task = Task(f"crash{i}", "1+1=", "2")
             task.metadata["group_id"] = task.task_id
-            out = node.loop.run(flow.run(task, {"policy": node.policies["policy"]}, 1))
-            # the third rollout fails before its agent makes a call: nothing to train on
-            assert [t.metadata["reward_failed"] for t in out] == ([True] if i < 2 else [])
+            (traj,) = node.loop.run(flow.run(task, {"policy": node.policies["policy"]}, 1))
+            assert traj.metadata["reward_failed"]
+        # the third rollout failed before its agent made a call: counted all the same,
+        # with the prompt as context and nothing to train
+        assert "not started again" in traj.metadata["reward_error"]
+        assert not any(traj.loss_mask) and traj.tokens
         assert flow.failed == 3
         assert not (tmp_path / "crash2").exists()  # no third process was started
     finally:

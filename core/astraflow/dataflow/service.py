@@ -804,6 +804,12 @@ class DataflowService:
                 rollout_rewards=[float(ct.metadata.get("rollout_reward", ct.reward))
                                  for ct in members])
             for ct, advantage in zip(members, advantages, strict=True):
+                if ct.min_version < 0:  # no trained token
+                    # a rollout that sampled nothing (an agent that failed before its
+                    # first call): counted above, in its group's baseline, never served
+                    deltas[f"filtered:{policy}"] += 1
+                    filtered += 1
+                    continue
                 if self._stale(policy, ct.min_version):
                     deltas[f"dropped_stale:{policy}"] += 1
                     deltas[_stale_key(policy, pool)] += 1
