@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import json
 import logging
@@ -341,11 +340,10 @@ class AgentWorkflow(Workflow):
     async def _call_agent(self, task: Task, client: ClientConfig) -> Any:
         if self.processes is not None:
             return await self.processes.call(task, client)
-        if self.function is not None:
-            if inspect.iscoroutinefunction(self.function):
-                return await self.function(task, client)
-            result = await asyncio.to_thread(self.function, task, client)
-            return await result if inspect.isawaitable(result) else result
+        if self.function is not None:  # agent.workers=0
+            from astraflow.workflows.agent_worker import call
+
+            return await call(self.function, task, client)
         return await self._run_command(task, client)
 
     async def _run_command(self, task: Task, client: ClientConfig) -> Any:
