@@ -75,8 +75,10 @@ def cmd_run(argv: list[str]) -> int:
     if args.cfg:
         print(OmegaConf.to_yaml(cfg))
         return 0
-    from astraflow.launch.local import run
-
+    if cfg.launcher.get("kind") == "ray":
+        from astraflow.launch.ray import run
+    else:
+        from astraflow.launch.local import run
     return run(cfg)
 
 
@@ -109,8 +111,8 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
 
         rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(leaf)]
         node = OmegaConf.select(compose_config(rest), parent) if parent else None
-        if not isinstance(node, DictConfig):
-            return None
+        if not isinstance(node, DictConfig) or leaf in node:
+            return None  # a setting that exists but refuses this value: Hydra's words
         return f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
     except Exception:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from launched_runs import pids_of, records, start_run
+from launched_runs import pids_of, reaped, records, start_run
 
 
 def test_launcher_grows_a_starving_pool_within_its_bounds(tmp_path, tiny_model_dir):
@@ -16,12 +16,8 @@ def test_launcher_grows_a_starving_pool_within_its_bounds(tmp_path, tiny_model_d
                          "raas.generation_seconds=0.5", "autoscale=true", "min_nodes=1",
                          "max_nodes=3", "launcher.autoscale_interval=0.5",
                          "launcher.autoscale_cooldown=2")
-    try:
+    with reaped(launcher):
         _out, err = launcher.communicate(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 0, err[-3000:]
     events = [r for r in records(run_dir / "metrics" / "launcher.jsonl")
               if r["event"] == "autoscale"]

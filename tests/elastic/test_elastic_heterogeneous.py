@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from launched_runs import start_run, train_records
+from launched_runs import reaped, start_run, train_records
 
 
 def test_throttled_nodes_deliver_their_fraction(tmp_path, tiny_model_dir):
@@ -14,12 +14,8 @@ def test_throttled_nodes_deliver_their_fraction(tmp_path, tiny_model_dir):
                          "batch_size=16", "num_nodes=3", "node_concurrency=2",
                          "raas.generation_seconds=0.5", "launcher.node_throttle=[1.0,0.6,0.3]",
                          "policies.policy.max_staleness=8")
-    try:
+    with reaped(launcher):
         _out, err = launcher.communicate(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 0, err[-3000:]
     rollouts = []
     for i in range(3):

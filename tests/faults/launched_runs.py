@@ -8,7 +8,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,17 @@ def start_run(run_dir: Path, model_dir: str, *overrides: str) -> subprocess.Pope
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
+
+
+@contextmanager
+def reaped(launcher: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """The launcher is killed if the test leaves the block with it still running."""
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str,

@@ -9,6 +9,7 @@ from launched_runs import (
     assert_nothing_lost_or_counted_twice,
     kill,
     pids_of,
+    reaped,
     restarts,
     start_run,
     train_records,
@@ -30,7 +31,7 @@ def test_run_survives_sigkill_of_data_layer_node_and_trainer(tmp_path, tiny_mode
     def restarted(n: int):
         return lambda: len(restarts(run_dir)) >= n
 
-    try:
+    with reaped(launcher):
         wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
         kill("dataflow", f"--store {run_dir}/store")
         wait_for(restarted(1), 60, "the data layer's restart", launcher)
@@ -43,10 +44,6 @@ def test_run_survives_sigkill_of_data_layer_node_and_trainer(tmp_path, tiny_mode
         kill(" train ", f"--work-dir {run_dir} ")
         wait_for(restarted(3), 60, "the trainer's restart", launcher)
         _out, err = launcher.communicate(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 0, err[-3000:]
 
     assert [r["component"] for r in restarts(run_dir)] == ["dataflow", "raas-0",
@@ -67,7 +64,7 @@ def test_restarts_are_bounded_and_the_run_then_fails_naming_the_component(tmp_pa
                                                                           tiny_model_dir):
     run_dir = tmp_path / "bounded"
     launcher = start_run(run_dir, tiny_model_dir, "steps=100000", "launcher.max_restarts=1")
-    try:
+    with reaped(launcher):
         for n in (1, 2):
             wait_for(lambda: train_records(run_dir), 240, "a trainer step", launcher)
             wait_for(lambda: pids_of(" raas ", f"--work-dir {run_dir} "), 60, "a node")
@@ -75,10 +72,6 @@ def test_restarts_are_bounded_and_the_run_then_fails_naming_the_component(tmp_pa
             if n == 1:
                 wait_for(lambda: restarts(run_dir), 60, "the node's restart", launcher)
         _out, err = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 1
     assert "raas-0 exited with -9 after 1 restarts (launcher.max_restarts=1)" in err
     assert not pids_of(f"--work-dir {run_dir} ")  # everything else was stopped

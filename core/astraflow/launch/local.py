@@ -112,6 +112,9 @@ class LocalRun:
             self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
                        "--metrics", str(metrics / f"eval-{policy}.jsonl"),
                        "--done-marker", str(self.run_dir / "final" / policy / "config.json"))
+        self.start_nodes()
+
+    def start_nodes(self) -> None:
         for i in range(self.cfg.num_nodes):
             self.start_node(i)
 
@@ -334,12 +337,13 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     return cfg, run_dir
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
+    """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's)."""
     from astraflow.launch.progress import Progress
 
     started = time.time()
     cfg, run_dir = prepare(cfg)
-    job = LocalRun(cfg, run_dir, resolve_token())
+    job = job_cls(cfg, run_dir, resolve_token())
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
     try:

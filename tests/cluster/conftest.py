@@ -1,0 +1,51 @@
+"""A real Ray cluster of two Ray nodes on this machine, and the fault tests' helpers.
+
+The head has the custom resource ``pool_a``, the second node (its own temp dir)
+``pool_b``, so a rollout pool pinned by resource runs on one Ray node or the other.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "faults"))
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray(*args: str) -> None:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([RAY, *args], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    # short temp dirs: Ray's unix sockets live there, and their paths are length-limited
+    head_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
+    worker_dir = tempfile.mkdtemp(prefix="rayw", dir="/tmp")
+    port = _free_port()
+    try:
+        _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=3", '--resources={"pool_a": 2}', f"--temp-dir={head_dir}",
+             "--include-dashboard=false", "--disable-usage-stats")
+        _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={worker_dir}",
+             "--disable-usage-stats")
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(worker_dir, ignore_errors=True)

@@ -1,0 +1,69 @@
+"""SIGKILL a RaaS node's actor process and the trainer's actor process mid-run under
+``launcher=ray``: Ray restarts both (and so their components), the run completes, and
+the data layer's ledger shows nothing lost or counted twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from launched_runs import (
+    assert_nothing_lost_or_counted_twice,
+    pids_of,
+    reaped,
+    restarts,
+    start_run,
+    train_records,
+    wait_for,
+)
+
+STEPS = 20
+#: about two steps a second from the two nodes: the kills land mid-run
+PACE = ("raas.generation_seconds=0.5", "node_concurrency=1")
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def kill_actor_of(*needles: str) -> int:
+    """SIGKILL the Ray actor process that owns the one component matching ``needles``."""
+    (component,) = pids_of(*needles)
+    actor = _ppid(component)
+    os.kill(actor, signal.SIGKILL)
+    return actor
+
+
+def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tmp_path,
+                                                                     tiny_model_dir):
+    run_dir = tmp_path / "faults"
+    launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
+                         f"launcher.address={cluster}",
+                         "launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
+                         "b: {nodes: 1, resources: {pool_b: 1}}}",
+                         f"steps={STEPS}", f"eval_every={STEPS}", *PACE)
+
+    def step() -> int:
+        recs = train_records(run_dir)
+        return recs[-1]["step"] if recs else 0
+
+    with reaped(launcher):
+        wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
+        kill_actor_of(" raas ", f"--work-dir {run_dir} ", "--name a-0")
+        wait_for(lambda: len(restarts(run_dir)) >= 1, 120, "the node's restart", launcher)
+        wait_for(lambda: step() >= 5, 120, "trainer step 5", launcher)
+        killed_at = train_records(run_dir)[-1]["version"]
+        kill_actor_of(" train ", f"--work-dir {run_dir} ")
+        wait_for(lambda: len(restarts(run_dir)) >= 2, 120, "the trainer's restart", launcher)
+        _out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err[-3000:]
+    assert [r["component"] for r in restarts(run_dir)] == ["raas-a-0", "trainer-policy"]
+    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
+    assert summary["steps"] == STEPS
+    versions = [r["version"] for r in train_records(run_dir)]
+    after = versions[versions.index(killed_at) + 1:]
+    assert after and min(after) > killed_at and after == sorted(after)
+    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
+    assert ledger["consumed:policy"] >= (STEPS - 1) * 8
