@@ -156,3 +156,4 @@ def test_an_agent_that_fails_before_its_first_call_stops_the_run_with_its_error(
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode != 0
     assert "KeyError: 'OPENAI_ORG'" in proc.stderr, proc.stderr[-3000:]
+    assert "the agent or its reward failed on" in proc.stderr

@@ -262,16 +262,18 @@ class RewardWatch:
         for policy, info in status.get("policies", {}).items():
             failed, produced = info.get("reward_failed", 0), info.get("produced", 0)
             error = info.get("first_reward_error")
+            what = ("the agent or its reward" if self.job.cfg.workflow.get("name") == "agent"
+                    else "the reward")
             if error and policy not in self.shown:
                 self.shown.add(policy)
                 last = error.strip().splitlines()[-1]
-                print(f"astraflow: warning: the reward failed on a {policy} sample (scored "
+                print(f"astraflow: warning: {what} failed on a {policy} sample (scored "
                       f"as failed, kept out of its group's advantages): {last}",
                       file=sys.stderr)
                 self.job.event(event="reward_failure", policy=policy, error=error)
             if produced >= self.min_samples and failed > limit * produced:
                 raise RuntimeError(
-                    f"the reward failed on {failed} of {produced} {policy} samples "
+                    f"{what} failed on {failed} of {produced} {policy} samples "
                     f"({failed / produced:.0%} > reward.max_failure_fraction={limit}); "
                     f"the first failure:\n{error}")
 
