@@ -38,14 +38,13 @@ from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
 from astraflow.rewards.base import Score, as_score
 from astraflow.types import Task, Trajectory
+from astraflow.workflows.agent_worker import ERROR_CHARS
 from astraflow.workflows.builder import TrajectoryBuilder
 
 if TYPE_CHECKING:
     from astraflow.gateway.server import Gateway
 
 CREDIT = ("final", "discount")
-#: longest traceback kept with a failed rollout
-_ERROR_CHARS = 4000
 
 
 @dataclass
@@ -307,7 +306,7 @@ class AgentWorkflow(Workflow):
             score = self._failure(f"AgentTimeout: the agent did not finish within "
                                   f"agent.timeout={self.timeout:g}s")
         except Exception:
-            score = self._failure(traceback.format_exc()[-_ERROR_CHARS:])
+            score = self._failure(traceback.format_exc()[-ERROR_CHARS:])
         finally:
             session = gateway.close(session.key)
         meta = {"task_type": task.task_type, "sample": sample,
@@ -359,7 +358,7 @@ class AgentWorkflow(Workflow):
             await proc.wait()
             raise
         if proc.returncode != 0:
-            tail = err.decode(errors="replace")[-_ERROR_CHARS:]
+            tail = err.decode(errors="replace")[-ERROR_CHARS:]
             raise AgentFailed(f"agent.command exited with {proc.returncode}:\n{tail}")
         lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         if not lines:

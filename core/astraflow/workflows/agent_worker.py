@@ -24,7 +24,7 @@ import sys
 import traceback
 from typing import Any
 
-#: longest traceback sent back with a failed rollout
+#: longest traceback kept with a failed rollout (here and in the node)
 ERROR_CHARS = 4000
 #: longest protocol line (a task with a long prompt and metadata)
 LINE_LIMIT = 64 * 1024 * 1024
