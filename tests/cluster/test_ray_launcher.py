@@ -47,3 +47,12 @@ def test_without_ray_launcher_ray_says_what_to_install(tmp_path):
     assert proc.returncode != 0
     assert "pip install 'astraflow[ray]'" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_a_ray_address_nobody_answers_on_is_named_at_once(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher=ray",
+                           "launcher.address=127.0.0.1:1", f"run_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "launcher.address=127.0.0.1:1: no Ray cluster answers there" in proc.stderr
+    assert not (tmp_path / "run").exists()

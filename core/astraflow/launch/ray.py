@@ -310,4 +310,20 @@ def run(cfg: DictConfig) -> int:
     from astraflow.launch.local import run as run_with
 
     import_ray()  # the missing extra is a set-up mistake: said before anything starts
+    check_address(cfg.launcher.get("address"))
     return run_with(cfg, job_cls=RayRun)
+
+
+def check_address(address: str | None) -> None:
+    """A HOST:PORT nobody answers on is a set-up mistake: said at once, where Ray itself
+    would retry for minutes."""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"launcher.address={address}: no Ray cluster answers there "
+                          f"({exc}); start one with `ray start --head`, or leave "
+                          "launcher.address unset to start one for this run") from None
