@@ -21,13 +21,15 @@ POOLS = ("launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
 def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_path):
     run_dir = tmp_path / "run"
     launch_run(tmp_path, "launcher=ray", f"launcher.address={cluster}",
-               POOLS, "+experiment=smoke", "steps=4", f"run_dir={run_dir}",
+               POOLS, "+experiment=smoke", "steps=6", f"run_dir={run_dir}",
                # each node rolls out its share of every iteration and waits for the
-               # next weights: neither pool can run ahead and fill every batch
-               "mode=sync")
+               # next weights, and a rollout takes half a second: once both nodes are
+               # up, one cannot lease the whole iteration before the other asks
+               "mode=sync", "+raas=sim", "raas.generation_seconds=0.5",
+               "node_concurrency=1")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train = [r for r in rows if r["kind"] == "train"]
-    assert len(train) == 4
+    assert len(train) == 6
     fed = {pool: sum(r.get(f"pool/{pool}", 0) for r in train) for pool in ("a", "b")}
     assert fed["a"] > 0 and fed["b"] > 0, fed
     assert (run_dir / "final" / "policy" / "config.json").exists()
