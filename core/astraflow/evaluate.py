@@ -30,10 +30,12 @@ log = logging.getLogger("astraflow.eval")
 class Evaluator:
     def __init__(self, cfg: DictConfig, url: str, token: str, policy: str, work_dir: str,
                  metrics_path: str) -> None:
+        from astraflow.dataflow.client import DataflowClient
         from astraflow.weights.client import WeightClient
 
         self.cfg, self.policy = cfg, policy
         self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
+        self.client = DataflowClient(url, token)
         self.metrics_path = Path(metrics_path)
 
     async def evaluate(self, backends, workflow, roles, tasks) -> dict[str, float]:
@@ -61,12 +63,16 @@ class Evaluator:
         workflow.config = base
         return out
 
-    async def run(self, done_marker: str) -> None:
-        """Evaluate version 0, then every ``eval_every`` versions, then the final one.
+    def trainer_done(self) -> bool:
+        """The policy's trainer left the data layer: it leaves only after publishing its
+        last version. Asked over the data layer, so the evaluator may run on any machine."""
+        nodes = self.client.status()["nodes"]
+        return any(n["node_id"] == f"trainer-{self.policy}" and n["state"] == "left"
+                   for n in nodes)
 
-        The run is over for this policy once ``done_marker`` exists (the trainer writes
-        its final weights after publishing its last version).
-        """
+    async def run(self) -> None:
+        """Evaluate version 0, then every ``eval_every`` versions, then the final one
+        (once the policy's trainer is done)."""
         from astraflow.text import load_tokenizer
 
         cfg = self.cfg
@@ -84,7 +90,7 @@ class Evaluator:
             self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
-                done = os.path.exists(done_marker)
+                done = await asyncio.to_thread(self.trainer_done)
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
                 if latest is not None and latest > last and (
                         done or latest - last >= cfg.eval_every):
@@ -102,6 +108,7 @@ class Evaluator:
         finally:
             for backend in backends.values():
                 await backend.shutdown()
+            self.client.close()
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:
         record = {"kind": "eval", "policy": self.policy, "version": version, **accuracies,

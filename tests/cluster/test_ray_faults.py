@@ -39,8 +39,10 @@ def kill_actor_of(*needles: str) -> int:
 def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tmp_path,
                                                                      tiny_model_dir):
     run_dir = tmp_path / "faults"
+    machines = tmp_path / "machines"  # where components work: not the run directory
     launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
-                         f"launcher.address={cluster}",
+                         f"launcher.address={cluster}", f"launcher.work_dir={machines}",
+                         "launcher.keep_work_dir=true",
                          "launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
                          "b: {nodes: 1, resources: {pool_b: 1}}}",
                          f"steps={STEPS}", f"eval_every={STEPS}", *PACE)
@@ -51,11 +53,11 @@ def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tm
 
     with reaped(launcher):
         wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
-        kill_actor_of(" raas ", f"--work-dir {run_dir} ", "--name a-0")
+        kill_actor_of(" raas ", str(machines), "--name a-0")
         wait_for(lambda: len(restarts(run_dir)) >= 1, 120, "the node's restart", launcher)
         wait_for(lambda: step() >= 5, 120, "trainer step 5", launcher)
         killed_at = train_records(run_dir)[-1]["version"]
-        kill_actor_of(" train ", f"--work-dir {run_dir} ")
+        kill_actor_of(" train ", str(machines))
         wait_for(lambda: len(restarts(run_dir)) >= 2, 120, "the trainer's restart", launcher)
         _out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
@@ -65,5 +67,6 @@ def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tm
     versions = [r["version"] for r in train_records(run_dir)]
     after = versions[versions.index(killed_at) + 1:]
     assert after and min(after) > killed_at and after == sorted(after)
-    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
+    (store,) = machines.glob("*/dataflow/store")  # on the data layer's machine
+    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4, store=store)
     assert ledger["consumed:policy"] >= (STEPS - 1) * 8

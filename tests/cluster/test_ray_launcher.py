@@ -19,9 +19,9 @@ POOLS = ("launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
 
 @pytest.mark.slow
 def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir, machines = tmp_path / "run", tmp_path / "machines"
     launch_run(tmp_path, "launcher=ray", f"launcher.address={cluster}",
-               POOLS, "+experiment=smoke", "steps=6", f"run_dir={run_dir}",
+               f"launcher.work_dir={machines}", POOLS, "+experiment=smoke", "steps=6", f"run_dir={run_dir}",
                # each node rolls out its share of every iteration and waits for the
                # next weights, and a rollout takes half a second: once both nodes are
                # up, one cannot lease the whole iteration before the other asks
@@ -32,7 +32,13 @@ def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_pa
     assert len(train) == 6
     fed = {pool: sum(r.get(f"pool/{pool}", 0) for r in train) for pool in ("a", "b")}
     assert fed["a"] > 0 and fed["b"] > 0, fed
+    # the components worked in their machines' directories; the launcher copied the
+    # logs, metric streams and final weights into the run directory over Ray, and
+    # removed those directories once the run ended well
     assert (run_dir / "final" / "policy" / "config.json").exists()
+    assert "registered as raas-a-0" in (run_dir / "logs" / "raas-a-0.log").read_text()
+    assert not (run_dir / "store").exists() and not (run_dir / "checkpoints").exists()
+    assert list(machines.iterdir()) == []
 
 
 def test_without_ray_launcher_ray_says_what_to_install(tmp_path):

@@ -86,9 +86,10 @@ def kill(*needles: str) -> int:
     return pid
 
 
-def ledger(run_dir: Path) -> dict[str, int]:
-    """The data layer's durable counts, read from its store after the run."""
-    with sqlite3.connect(run_dir / "store" / "dataflow.sqlite3") as conn:
+def ledger(run_dir: Path, store: Path | None = None) -> dict[str, int]:
+    """The data layer's durable counts, read from its store (by default the run
+    directory's) after the run."""
+    with sqlite3.connect((store or run_dir / "store") / "dataflow.sqlite3") as conn:
         counts = dict(conn.execute("SELECT name, value FROM counters"))
         counts["items_held"] = conn.execute("SELECT COUNT(*) FROM items").fetchone()[0]
         counts["tasks_done_rows"] = conn.execute(
@@ -97,7 +98,8 @@ def ledger(run_dir: Path) -> dict[str, int]:
 
 
 def assert_nothing_lost_or_counted_twice(run_dir: Path, group_size: int,
-                                         policy: str = "policy") -> dict[str, int]:
+                                         policy: str = "policy",
+                                         store: Path | None = None) -> dict[str, int]:
     """Every trajectory a node got accepted is accounted for exactly once, and no task
     was completed twice.
 
@@ -106,7 +108,7 @@ def assert_nothing_lost_or_counted_twice(run_dir: Path, group_size: int,
     - produced = consumed (acknowledged by the trainer) + still held (buffered or in a
       batch not yet acknowledged) + filtered + dropped as stale + dropped (no trainer).
     """
-    c = ledger(run_dir)
+    c = ledger(run_dir, store)
     get = c.get
     assert get("tasks_completed", 0) == c["tasks_done_rows"], c
     assert get(f"produced:{policy}", 0) == group_size * get("tasks_completed", 0), c

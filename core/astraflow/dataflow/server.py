@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
+from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import Registry
 
 URL_FILE = "url"
@@ -78,6 +79,7 @@ def serve(settings: DataflowSettings, host: str, port: int, token: str,
             await asyncio.sleep(0.01)
         if server.started:
             _write_url(settings.store_path, url)
+            mark_ready()  # a launcher restarts a data layer that dies from here on
             print(f"astraflow dataflow listening on {url}", flush=True)
         await task
 

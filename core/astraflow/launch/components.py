@@ -100,11 +100,9 @@ def cmd_eval(argv: list[str]) -> int:
     _common(parser)
     parser.add_argument("--policy", required=True)
     parser.add_argument("--metrics", required=True)
-    parser.add_argument("--done-marker", required=True,
-                        help="a path that appears when the policy's trainer has finished")
     args = parser.parse_args(argv)
     _logging()
     cfg = load_config(args.config)
     evaluator = Evaluator(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics)
-    asyncio.run(evaluator.run(args.done_marker))
+    asyncio.run(evaluator.run())
     return 0

@@ -100,6 +100,10 @@ class LocalRun:
         self.url = url_file.read_text().strip()
         child.ready_file.touch()
 
+    def collect(self) -> None:
+        """Bring what components wrote elsewhere into the run directory (here they
+        write in it)."""
+
     def component_args(self) -> list[str]:
         return ["--connect", self.url, "--config", str(self.run_dir / "config.yaml"),
                 "--work-dir", str(self.run_dir)]
@@ -110,8 +114,7 @@ class LocalRun:
             self.spawn(f"trainer-{policy}", "train", *self.component_args(), "--policy", policy,
                        "--metrics", str(metrics / f"train-{policy}.jsonl"))
             self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
-                       "--metrics", str(metrics / f"eval-{policy}.jsonl"),
-                       "--done-marker", str(self.run_dir / "final" / policy / "config.json"))
+                       "--metrics", str(metrics / f"eval-{policy}.jsonl"))
         self.start_nodes()
 
     def start_nodes(self) -> None:
@@ -367,6 +370,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
                 time.sleep(0.5)
             progress.update(job.status())
         final_status = job.status()
+        job.collect()
     except KeyboardInterrupt:
         print("astraflow: interrupted; stopping every component", file=sys.stderr)
         job.stop()

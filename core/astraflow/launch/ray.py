@@ -15,19 +15,24 @@ its actors and their components go with it.
 
 ``launcher.address`` attaches to a running cluster (``auto``, ``ray://HOST:10001`` or
 ``HOST:PORT``); with none, a cluster is started on this machine for the run. The run
-directory is the driver's; components write to it by path, so machines other than the
-driver's need it at the same path (a shared file system).
+directory is the driver's alone: each component works in a directory of the machine it
+runs on (:func:`work_root`), and the launcher copies what the run directory shows --
+logs, metric streams, the final weights -- from there over Ray. No machine needs a
+shared file system, but every machine reads ``model.path`` and the task's files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -49,34 +54,85 @@ def import_ray() -> Any:
     return ray
 
 
+#: in a component's command line: its working directory on the machine it was placed on
+WORK = "{work}"
+#: the most bytes one pull of a file copies from a component's machine
+_CHUNK = 16 << 20
+
+
+def work_root(run_dir: Path, configured: str | None) -> str:
+    """Where components keep their files on the machines they run on: one directory per
+    run (a restarted trainer finds its checkpoints there), ``{tmp}/astraflow/<run>``
+    unless ``launcher.work_dir`` names storage that outlives a machine."""
+    key = hashlib.sha1(f"{socket.gethostname()}:{run_dir}".encode()).hexdigest()[:8]
+    return os.path.join(configured or os.path.join(tempfile.gettempdir(), "astraflow"),
+                        f"{run_dir.name}-{key}")
+
+
 def _component_actor(ray: Any) -> Any:
     @ray.remote
     class Component:
-        """Owns one component process on the machine Ray placed it on."""
+        """Owns one component process on the machine Ray placed it on, in a working
+        directory of that machine; the launcher copies the files the run directory
+        needs (log, metrics, final weights) from it over Ray, so no machine needs the
+        driver's file system."""
 
-        def __init__(self, argv: list[str], env: dict[str, str], log: str) -> None:
+        def __init__(self, name: str, argv: list[str], env: dict[str, str], work: str,
+                     config: str) -> None:
             import subprocess
             import threading
 
             self.stopping = False
-            os.makedirs(os.path.dirname(log), exist_ok=True)
+            self.work = os.path.join(work, name)
+            os.makedirs(self.work, exist_ok=True)
+            with open(os.path.join(self.work, "config.yaml"), "w") as fh:
+                fh.write(config)
+            self.ready = os.path.join(self.work, f"{name}.ready")
             # the component ends with this actor (SIGTERM on its death, however it dies)
-            env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid())}
-            with open(log, "ab") as fh:
+            env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid()), READY_ENV: self.ready}
+            argv = [a.replace(WORK, self.work) for a in argv]
+            with open(os.path.join(self.work, f"{name}.log"), "ab") as fh:
                 self.proc = subprocess.Popen([sys.executable, "-m", "astraflow", *argv],
                                              stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True)
-            self.ready = env.get(READY_ENV)
+                                             cwd=self.work, start_new_session=True)
             threading.Thread(target=self._watch, daemon=True).start()
 
         def _watch(self) -> None:
             code = self.proc.wait()
-            worked = self.ready is not None and os.path.exists(self.ready)
-            if code != 0 and worked and not self.stopping:
+            if code != 0 and self.worked() and not self.stopping:
                 os._exit(1)  # Ray restarts this actor, and so the component
 
-        def poll(self) -> tuple[int | None, int]:
-            return self.proc.poll(), self.proc.pid
+        def worked(self) -> bool:
+            return os.path.exists(self.ready)
+
+        def poll(self) -> tuple[int | None, int, bool]:
+            return self.proc.poll(), self.proc.pid, self.worked()
+
+        def read(self, path: str, offset: int) -> tuple[bytes, int]:
+            """Up to ``_CHUNK`` bytes of a file under the working directory from
+            ``offset``, and the file's size (0 and b"" when it does not exist yet)."""
+            full = os.path.join(self.work, path)
+            try:
+                with open(full, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    fh.seek(min(offset, size))
+                    return fh.read(_CHUNK), size
+            except FileNotFoundError:
+                return b"", 0
+
+        def files(self, path: str) -> list[str]:
+            """Every file under a directory of the working directory, relative to it."""
+            top = os.path.join(self.work, path)
+            return sorted(os.path.relpath(os.path.join(d, f), self.work)
+                          for d, _, names in os.walk(top) for f in names)
+
+        def remove_work(self) -> None:
+            """After a run that ended well: its files (checkpoints, store, weights)."""
+            import shutil
+
+            shutil.rmtree(self.work, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the run's directory, once empty
+                os.rmdir(os.path.dirname(self.work))
 
         def node_ip(self) -> str:
             import ray
@@ -100,13 +156,14 @@ class RayProc:
         self.pid: int | None = None
         self.restarted = 0  # times Ray restarted it, as seen by the launcher
         self.gone: str | None = None  # why the actor is dead for good
+        self.worked = False  # the component got to work (its last start, as last seen)
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         ray = self.ray
         try:
-            code, pid = ray.get(self.actor.poll.remote(), timeout=_POLL_SECONDS)
+            code, pid, self.worked = ray.get(self.actor.poll.remote(), timeout=_POLL_SECONDS)
         except ray.exceptions.GetTimeoutError:
             return None
         except ray.exceptions.ActorUnavailableError:
@@ -152,6 +209,11 @@ class RayRun(LocalRun):
     actor_cls: Any = None
     #: pool name -> its settings (nodes, num_cpus, num_gpus, resources)
     pools: dict[str, Any] = field(default_factory=dict)
+    #: (component, file in its working directory) -> bytes copied to the run directory
+    copied: dict[tuple[str, str], int] = field(default_factory=dict)
+    next_copy: float = 0.0
+    #: the run ended well and everything was copied: working directories can go
+    collected: bool = False
 
     def __post_init__(self) -> None:
         self.ray = import_ray()
@@ -166,6 +228,8 @@ class RayRun(LocalRun):
                 kwargs["resources"] = dict(launcher.get("local_resources") or {})
             self.ray.init(address=address, **kwargs)
         self.actor_cls = _component_actor(self.ray)
+        self.work = work_root(self.run_dir, launcher.get("work_dir"))
+        self.config_text = (self.run_dir / "config.yaml").read_text()
 
     # -- what runs where ----------------------------------------------------------------
     def _pool_settings(self) -> dict[str, dict[str, Any]]:
@@ -205,7 +269,7 @@ class RayRun(LocalRun):
     def spawn(self, name: str, *args: str) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {TOKEN_ENV: self.token, READY_ENV: str(log.with_suffix(".ready")),
+        env = {TOKEN_ENV: self.token,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         placement = self._placement(name)
         restarts = int(self.cfg.launcher.get("max_restarts", 3))
@@ -213,12 +277,91 @@ class RayRun(LocalRun):
             name=None, max_restarts=restarts, max_task_retries=0,
             num_cpus=placement["num_cpus"], num_gpus=placement["num_gpus"],
             resources=placement["resources"] or None,
-        ).remote(list(args), env, str(log))
+        ).remote(name, [self.remote_path(a) for a in args], env, self.work, self.config_text)
         previous = self.children.get(name)
         child = Child(name, args, RayProc(self.ray, actor), log,  # type: ignore[arg-type]
                       previous.restarts if previous else 0)
         self.children[name] = child
         return child
+
+    def remote_path(self, arg: str) -> str:
+        """A path in the run directory, as the component's working directory on its
+        machine (whose files the launcher copies back)."""
+        run = str(self.run_dir)
+        if arg == run or arg.startswith(run + os.sep):
+            return WORK + arg[len(run):]
+        return arg
+
+    # -- what comes back to the run directory -------------------------------------------
+    def streams(self, child: Child) -> list[tuple[str, Path]]:
+        """The files of a component that grow and are copied as they do: its log and
+        its metric stream."""
+        out = [(f"{child.name}.log", child.log)]
+        args = list(child.args)
+        if "--metrics" in args:
+            local = Path(args[args.index("--metrics") + 1])
+            out.append((str(local.relative_to(self.run_dir)), local))
+        return out
+
+    def copy_new(self, child: Child, remote: str, local: Path, whole_lines: bool) -> None:
+        """Append what ``remote`` gained since the last copy to ``local``."""
+        ray, actor = self.ray, child.proc.actor  # type: ignore[attr-defined]
+        key = (child.name, remote)
+        offset = self.copied.get(key, 0)
+        while True:
+            try:
+                data, size = ray.get(actor.read.remote(remote, offset), timeout=_POLL_SECONDS)
+            except ray.exceptions.RayError:
+                return  # restarting or gone: copied at the next chance
+            if size < offset:  # restarted on another machine: a new file there
+                offset = 0
+                continue
+            if whole_lines:  # a reader of the run directory never sees half a record
+                data = data[:data.rfind(b"\n") + 1]
+            if data:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                with local.open("ab") as fh:
+                    fh.write(data)
+                offset += len(data)
+            self.copied[key] = offset
+            if not data or offset >= size:
+                return
+
+    def copy_streams(self, every: float = 2.0) -> None:
+        if time.time() < self.next_copy:
+            return
+        self.next_copy = time.time() + every
+        for child in list(self.children.values()):
+            for remote, local in self.streams(child):
+                self.copy_new(child, remote, local, whole_lines=remote.endswith(".jsonl"))
+
+    def copy_dir(self, child: Child, remote: str) -> None:
+        """Copy a directory of a component's working directory into the run directory
+        (the final weights), file by file in chunks."""
+        ray, actor = self.ray, child.proc.actor  # type: ignore[attr-defined]
+        for path in ray.get(actor.files.remote(remote), timeout=60):
+            local = self.run_dir / path
+            local.parent.mkdir(parents=True, exist_ok=True)
+            tmp = local.with_name(f".{local.name}.part")
+            with tmp.open("wb") as fh:
+                offset = 0
+                while True:
+                    data, size = ray.get(actor.read.remote(path, offset), timeout=300)
+                    fh.write(data)
+                    offset += len(data)
+                    if not data or offset >= size:
+                        break
+            tmp.replace(local)
+
+    def collect(self) -> None:
+        """At the end: the rest of every log and metric stream, and each trainer's final
+        weights, into the run directory."""
+        self.next_copy = 0.0
+        self.copy_streams()
+        for child in self.children.values():
+            if child.name.startswith("trainer-") and child.finished():
+                self.copy_dir(child, f"final/{child.name.removeprefix('trainer-')}")
+        self.collected = True
 
     def start_dataflow(self) -> None:
         # a fixed port: a data layer Ray restarts binds it again, so every component
@@ -227,26 +370,26 @@ class RayRun(LocalRun):
             host = self.cfg.dataflow.host
             self.url = f"http://{host}:{self.cfg.dataflow.port or _free_port(host)}"
         port = self.url.rsplit(":", 1)[1]
-        store = self.run_dir / "store"
-        url_file = store / "url"
-        url_file.unlink(missing_ok=True)
         child = self.spawn("dataflow", "dataflow", "--host", self.cfg.dataflow.host,
-                           "--port", port, "--store", str(store),
+                           "--port", port, "--store", str(self.run_dir / "store"),
                            "--config", str(self.run_dir / "config.yaml"))
         deadline = time.time() + float(self.cfg.launcher.get("start_timeout", 300))
-        while not url_file.exists():
+        actor = child.proc.actor  # type: ignore[attr-defined]
+        while True:
+            with contextlib.suppress(self.ray.exceptions.RayError):
+                if self.ray.get(actor.read.remote("store/url", 0), timeout=_POLL_SECONDS)[0]:
+                    break
             if child.proc.poll() is not None:
+                self.collect()
                 raise RuntimeError(f"the data layer exited before it listened; the end of "
                                    f"{child.log}:\n{child.log_tail()}")
             if time.time() > deadline:
                 raise TimeoutError(self._pending("the data layer"))
-            time.sleep(0.1)
-        self.url = url_file.read_text().strip()
+            time.sleep(0.2)
         if self.cfg.dataflow.host in ("0.0.0.0", "::"):  # every interface: tell the
             # components the address of the machine Ray placed the data layer on
-            ip = self.ray.get(child.proc.actor.node_ip.remote())  # type: ignore[attr-defined]
+            ip = self.ray.get(actor.node_ip.remote())
             self.url = f"http://{ip}:{port}"
-        child.ready_file.touch()
 
     def _pending(self, what: str) -> str:
         available = self.ray.available_resources()
@@ -281,6 +424,7 @@ class RayRun(LocalRun):
         """Ray restarts what crashed after it got to work; a component that failed in
         set-up, or that Ray gave up on, stops the run."""
         limit = int(self.cfg.launcher.get("max_restarts", 3))
+        self.copy_streams()
         for child in list(self.children.values()):
             proc: RayProc = child.proc  # type: ignore[assignment]
             seen = proc.restarted
@@ -290,6 +434,7 @@ class RayRun(LocalRun):
                 self.event(event="restart", component=child.name, restart=proc.restarted)
             if code is None or child.retired or child.finished():
                 continue
+            self.collect()  # the log's end, for the message
             if proc.gone is not None:
                 raise RuntimeError(f"{child.name} died and Ray did not start it again "
                                    f"(launcher.max_restarts={limit}): {proc.gone}; the end "
@@ -301,9 +446,21 @@ class RayRun(LocalRun):
     def stop(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         super().stop(names, timeout)
         chosen = [self.children[n] for n in (names or list(self.children)) if n in self.children]
+        if self.collected and not self.cfg.launcher.get("keep_work_dir", False):
+            # a run that failed keeps them: its store and checkpoints are evidence
+            self.copy_streams_final(chosen)
+            with contextlib.suppress(Exception):
+                self.ray.get([c.proc.actor.remove_work.remote() for c in chosen],  # type: ignore[attr-defined]
+                             timeout=120)
         for child in chosen:
             with contextlib.suppress(Exception):  # already gone
                 child.proc.kill()
+
+    def copy_streams_final(self, chosen: list[Child]) -> None:
+        """The last lines of components stopped after the run (the nodes' logs)."""
+        for child in chosen:
+            for remote, local in self.streams(child):
+                self.copy_new(child, remote, local, whole_lines=False)
 
 
 def run(cfg: DictConfig) -> int:
