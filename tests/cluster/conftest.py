@@ -5,6 +5,7 @@ The head has the custom resource ``pool_a``, the second node (its own temp dir)
 """
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -37,6 +38,12 @@ def cluster():
     head_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
     worker_dir = tempfile.mkdtemp(prefix="rayw", dir="/tmp")
     port = _free_port()
+    # the cluster's own token (Ray's token authentication, as a real cluster runs it),
+    # given to every process of the session: not whatever ~/.ray holds on this machine
+    token = Path(head_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     try:
         _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
              "--num-cpus=3", '--resources={"pool_a": 2}', f"--temp-dir={head_dir}",
@@ -47,5 +54,10 @@ def cluster():
         yield f"127.0.0.1:{port}"
     finally:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         shutil.rmtree(head_dir, ignore_errors=True)
         shutil.rmtree(worker_dir, ignore_errors=True)

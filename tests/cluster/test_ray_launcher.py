@@ -64,3 +64,18 @@ def test_a_ray_address_nobody_answers_on_is_named_at_once(tmp_path):
     assert proc.returncode != 0
     assert "launcher.address=127.0.0.1:1: no Ray cluster answers there" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_cluster_that_refuses_the_token_is_named_at_once(cluster, tmp_path):
+    """The cluster runs Ray's token authentication (conftest): a machine holding another
+    token gets one line saying so, not half a minute of Ray's retries."""
+    wrong = tmp_path / "token"
+    wrong.write_text("0" * 64)
+    env = {**os.environ, "RAY_AUTH_TOKEN_PATH": str(wrong)}
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "launcher=ray",
+                           f"launcher.address={cluster}", f"run_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert (f"launcher.address={cluster}: the Ray cluster refused this machine's token"
+            in proc.stderr), proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()

@@ -203,6 +203,46 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def pool_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """``launcher.pools`` with every key filled in; none: one pool "default" of
+    ``num_nodes`` nodes of one CPU each."""
+    out = {}
+    for name, pool in (cfg.launcher.get("pools") or {}).items():
+        out[str(name)] = {"nodes": int(pool.get("nodes", 1)),
+                          "num_cpus": float(pool.get("num_cpus", 1)),
+                          "num_gpus": float(pool.get("num_gpus", 0)),
+                          "resources": dict(pool.get("resources") or {})}
+    if not out:
+        out["default"] = {"nodes": int(cfg.num_nodes), "num_cpus": 1.0, "num_gpus": 0.0,
+                          "resources": {}}
+    return out
+
+
+def connect(ray: Any, cfg: DictConfig) -> None:
+    """Attach to ``launcher.address``, or start a cluster of this machine big enough for
+    the run. A cluster that refuses this machine is a set-up mistake: one line."""
+    if ray.is_initialized():
+        return
+    launcher = cfg.launcher
+    address = launcher.get("address") or None
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "configure_logging": False}
+    if address is None:  # a cluster of this machine, for this run
+        pools = pool_settings(cfg)
+        nodes = sum(p["num_cpus"] * p["nodes"] for p in pools.values())
+        trainers = len(cfg.get("policies") or {"policy": None})
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(nodes + trainers + 1))
+        kwargs["resources"] = dict(launcher.get("local_resources") or {})
+    try:
+        ray.init(address=address, **kwargs)
+    except ray.exceptions.AuthenticationError:
+        raise ConfigError(_refused(address)) from None
+    except ConnectionError as exc:
+        raise ConfigError(f"launcher.address={address}: could not join the Ray cluster "
+                          f"({exc}); a cluster with token authentication refuses a machine "
+                          "without its token (RAY_AUTH_TOKEN_PATH)") from None
+
+
 @dataclass
 class RayRun(LocalRun):
     ray: Any = None
@@ -217,33 +257,11 @@ class RayRun(LocalRun):
 
     def __post_init__(self) -> None:
         self.ray = import_ray()
-        self.pools = self._pool_settings()
-        launcher = self.cfg.launcher
-        if not self.ray.is_initialized():
-            address = launcher.get("address") or None
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "configure_logging": False}
-            if address is None:  # a cluster of this machine, for this run
-                kwargs["num_cpus"] = max(os.cpu_count() or 1, self.cpus_needed())
-                kwargs["resources"] = dict(launcher.get("local_resources") or {})
-            self.ray.init(address=address, **kwargs)
+        self.pools = pool_settings(self.cfg)
+        connect(self.ray, self.cfg)
         self.actor_cls = _component_actor(self.ray)
-        self.work = work_root(self.run_dir, launcher.get("work_dir"))
+        self.work = work_root(self.run_dir, self.cfg.launcher.get("work_dir"))
         self.config_text = (self.run_dir / "config.yaml").read_text()
-
-    # -- what runs where ----------------------------------------------------------------
-    def _pool_settings(self) -> dict[str, dict[str, Any]]:
-        pools = self.cfg.launcher.get("pools") or {}
-        out = {}
-        for name, pool in pools.items():
-            out[str(name)] = {"nodes": int(pool.get("nodes", 1)),
-                              "num_cpus": float(pool.get("num_cpus", 1)),
-                              "num_gpus": float(pool.get("num_gpus", 0)),
-                              "resources": dict(pool.get("resources") or {})}
-        if not out:
-            out["default"] = {"nodes": int(self.cfg.num_nodes), "num_cpus": 1.0,
-                              "num_gpus": 0.0, "resources": {}}
-        return out
 
     def _placement(self, name: str) -> dict[str, Any]:
         launcher = self.cfg.launcher
@@ -255,11 +273,6 @@ class RayRun(LocalRun):
         return {"num_cpus": float(spec.get("num_cpus", 1 if kind == "trainer" else 0)),
                 "num_gpus": float(spec.get("num_gpus", 0)),
                 "resources": dict(spec.get("resources") or {})}
-
-    def cpus_needed(self) -> int:
-        nodes = sum(p["num_cpus"] * p["nodes"] for p in self.pools.values())
-        trainers = len(self.cfg.get("policies") or {"policy": None})
-        return int(nodes + trainers + 1)
 
     @staticmethod
     def pool_of(name: str) -> str:
@@ -449,9 +462,10 @@ class RayRun(LocalRun):
         if self.collected and not self.cfg.launcher.get("keep_work_dir", False):
             # a run that failed keeps them: its store and checkpoints are evidence
             self.copy_streams_final(chosen)
-            with contextlib.suppress(Exception):
-                self.ray.get([c.proc.actor.remove_work.remote() for c in chosen],  # type: ignore[attr-defined]
-                             timeout=120)
+            for child in chosen:  # one after the other: the last removes the run's
+                with contextlib.suppress(Exception):  # directory, once it is empty
+                    self.ray.get(child.proc.actor.remove_work.remote(),  # type: ignore[attr-defined]
+                                 timeout=120)
         for child in chosen:
             with contextlib.suppress(Exception):  # already gone
                 child.proc.kill()
@@ -466,14 +480,18 @@ class RayRun(LocalRun):
 def run(cfg: DictConfig) -> int:
     from astraflow.launch.local import run as run_with
 
-    import_ray()  # the missing extra is a set-up mistake: said before anything starts
+    # set-up mistakes are said before anything starts: no Ray, or nobody at the address
+    # (at once); then the user's files (checked before the run directory is made); then
+    # a cluster that refuses this machine (RayRun joins it)
+    import_ray()
     check_address(cfg.launcher.get("address"))
     return run_with(cfg, job_cls=RayRun)
 
 
 def check_address(address: str | None) -> None:
-    """A HOST:PORT nobody answers on is a set-up mistake: said at once, where Ray itself
-    would retry for minutes."""
+    """A HOST:PORT nobody answers on, or a cluster that refuses this machine's token, is
+    a set-up mistake: said at once, where Ray itself would retry for half a minute or
+    more."""
     if not address or address == "auto" or "://" in address:
         return
     host, _, port = address.rpartition(":")
@@ -484,3 +502,19 @@ def check_address(address: str | None) -> None:
         raise ConfigError(f"launcher.address={address}: no Ray cluster answers there "
                           f"({exc}); start one with `ray start --head`, or leave "
                           "launcher.address unset to start one for this run") from None
+    ray = import_ray()
+    try:  # what `ray status` asks first; Ray's own API, so any other failure is
+        # left to ray.init to report
+        from ray._raylet import GcsClient
+
+        GcsClient(address=address)
+    except ray.exceptions.AuthenticationError:
+        raise ConfigError(_refused(address)) from None
+    except Exception:
+        pass
+
+
+def _refused(address: str | None) -> str:
+    return (f"launcher.address={address}: the Ray cluster refused this machine's token; "
+            "give it the cluster's (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+            "~/.ray/auth_token, with RAY_AUTH_MODE=token)")
