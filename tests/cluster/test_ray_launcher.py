@@ -21,7 +21,8 @@ POOLS = ("launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
 def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_path):
     run_dir, machines = tmp_path / "run", tmp_path / "machines"
     launch_run(tmp_path, "launcher=ray", f"launcher.address={cluster}",
-               f"launcher.work_dir={machines}", POOLS, "+experiment=smoke", "steps=6", f"run_dir={run_dir}",
+               f"launcher.work_dir={machines}", POOLS, "+experiment=smoke", "steps=6",
+               f"run_dir={run_dir}",
                # each node rolls out its share of every iteration and waits for the
                # next weights, and a rollout takes half a second: once both nodes are
                # up, one cannot lease the whole iteration before the other asks

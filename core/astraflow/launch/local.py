@@ -173,11 +173,22 @@ class LocalRun:
             else:
                 self.spawn(child.name, *child.args)
 
-    def nodes(self) -> list[Child]:
-        """Local nodes in service, in start order."""
+    def nodes(self, pool: str = "default") -> list[Child]:
+        """Local nodes in service, in start order (one pool here: ``default``)."""
         return sorted((c for c in self.children.values()
                        if c.name.startswith("raas-") and not c.retired),
                       key=lambda c: int(c.name.removeprefix("raas-")))
+
+    def add_node(self, pool: str = "default") -> Child:
+        """One more node, numbered after every node started so far."""
+        return self.start_node(max((int(c.removeprefix("raas-")) for c in self.children
+                                    if c.startswith("raas-")), default=-1) + 1)
+
+    def autoscalers(self) -> list[Autoscaler]:
+        return [Autoscaler(self)]
+
+    def scaled(self, pool: str) -> None:
+        """After the autoscaler changed a pool (a cluster launcher asks for room)."""
 
     def retire(self, child: Child) -> None:
         """SIGTERM: the node finishes its leases and leaves; it is not restarted."""
@@ -230,20 +241,19 @@ class Autoscaler:
         advice = self.report().get("pools", {}).get(self.pool)
         if not advice or advice["action"] == "hold":
             return
-        nodes = self.job.nodes()
+        nodes = self.job.nodes(self.pool)
         target = max(cfg.min_nodes, min(cfg.max_nodes, advice["target"]))
         if target == len(nodes):
             return
         if target > len(nodes):
-            first = max((int(c.removeprefix("raas-")) for c in self.job.children
-                         if c.startswith("raas-")), default=-1) + 1
-            for index in range(first, first + target - len(nodes)):
-                self.job.start_node(index)
+            for _ in range(target - len(nodes)):
+                self.job.add_node(self.pool)
         else:
             for child in nodes[target:]:
                 self.job.retire(child)
         self.last_change = now
-        print(f"astraflow: autoscale {len(nodes)} -> {target} local nodes "
+        self.job.scaled(self.pool)
+        print(f"astraflow: autoscale pool {self.pool}: {len(nodes)} -> {target} nodes "
               f"({advice['reason']})", file=sys.stderr)
         self.job.event(event="autoscale", pool=self.pool, nodes=len(nodes), target=target,
                        advised=advice["target"], reason=advice["reason"])
@@ -355,12 +365,12 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
         job.start_dataflow()
         job.start_components()
         learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
-        autoscaler = Autoscaler(job) if cfg.autoscale else None
+        autoscalers = job.autoscalers() if cfg.autoscale else []
         rewards = RewardWatch(job)
         with progress:
             while True:
                 job.supervise()
-                if autoscaler is not None:
+                for autoscaler in autoscalers:
                     autoscaler.tick()
                 if all(job.children[n].finished() for n in learners):
                     break

@@ -43,7 +43,12 @@ from astraflow.launch.local import Child, LocalRun
 from astraflow.security import TOKEN_ENV
 
 #: how long a poll of an actor may take before the component is taken as still running
-_POLL_SECONDS = 10.0
+#: (and asked again at the next look)
+_ANSWER_SECONDS = 0.2
+#: how long a copy of a file's new bytes may take before it waits for the next look
+_POLL_SECONDS = 5.0
+#: a component Ray has not placed after this many seconds is said to wait for room
+_PLACEMENT_SECONDS = 10.0
 
 
 def import_ray() -> Any:
@@ -153,19 +158,26 @@ class RayProc:
     def __init__(self, ray: Any, actor: Any) -> None:
         self.ray, self.actor = ray, actor
         self.returncode: int | None = None
-        self.pid: int | None = None
+        self.pid: int | None = None  # None until the actor first answers: not placed yet
         self.restarted = 0  # times Ray restarted it, as seen by the launcher
         self.gone: str | None = None  # why the actor is dead for good
         self.worked = False  # the component got to work (its last start, as last seen)
+        self.spawned = time.time()
+        self.asked: Any = None  # the poll under way: an actor Ray has not placed yet
+        # cannot answer, and the launcher does not wait for it
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         ray = self.ray
-        try:
-            code, pid, self.worked = ray.get(self.actor.poll.remote(), timeout=_POLL_SECONDS)
-        except ray.exceptions.GetTimeoutError:
+        if self.asked is None:
+            self.asked = self.actor.poll.remote()
+        ready, _ = ray.wait([self.asked], timeout=_ANSWER_SECONDS)
+        if not ready:
             return None
+        answer, self.asked = self.asked, None
+        try:
+            code, pid, self.worked = ray.get(answer)
         except ray.exceptions.ActorUnavailableError:
             return None  # being restarted
         except ray.exceptions.RayActorError as exc:
@@ -254,6 +266,9 @@ class RayRun(LocalRun):
     next_copy: float = 0.0
     #: the run ended well and everything was copied: working directories can go
     collected: bool = False
+    #: components said to wait for placement; retired nodes whose actors were ended
+    waiting: set[str] = field(default_factory=set)
+    released: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ray = import_ray()
@@ -345,6 +360,8 @@ class RayRun(LocalRun):
             return
         self.next_copy = time.time() + every
         for child in list(self.children.values()):
+            if child.proc.pid is None or child.name in self.released:
+                continue  # not placed yet (it would not answer), or gone on purpose
             for remote, local in self.streams(child):
                 self.copy_new(child, remote, local, whole_lines=remote.endswith(".jsonl"))
 
@@ -424,14 +441,61 @@ class RayRun(LocalRun):
                           "--name", f"{pool}-{index}", "--pool", pool,
                           "--concurrency", str(self.cfg.node_concurrency), *extra)
 
-    def start_node(self, index: int) -> Child:  # the autoscaler's: the first pool's
+    def start_node(self, index: int) -> Child:
         return self.start_pool_node(next(iter(self.pools)), index)
 
-    def nodes(self) -> list[Child]:
-        first = next(iter(self.pools))
+    def nodes(self, pool: str = "default") -> list[Child]:
         return sorted((c for c in self.children.values()
-                       if c.name.startswith(f"raas-{first}-") and not c.retired),
+                       if c.name.startswith(f"raas-{pool}-") and not c.retired),
                       key=lambda c: int(c.name.rsplit("-", 1)[1]))
+
+    def add_node(self, pool: str = "default") -> Child:
+        started = [int(c.rsplit("-", 1)[1]) for c in self.children
+                   if c.startswith(f"raas-{pool}-")]
+        return self.start_pool_node(pool, max(started, default=-1) + 1)
+
+    def autoscalers(self) -> list[Any]:
+        """One per pool: each follows the data layer's dead-band report of its own pool."""
+        from astraflow.launch.local import Autoscaler
+
+        return [Autoscaler(self, pool=pool) for pool in self.pools]
+
+    def bundle(self, name: str) -> dict[str, float]:
+        placement = self._placement(name)
+        out = {"CPU": placement["num_cpus"], "GPU": placement["num_gpus"],
+               **{k: float(v) for k, v in placement["resources"].items()}}
+        return {k: v for k, v in out.items() if v}
+
+    def scaled(self, pool: str) -> None:
+        """Tell the Ray autoscaler what the run needs now: a bundle per component in
+        service, so a cluster that is full grows (and may shrink when nodes retire).
+        A request replaces the previous one; a cluster without an autoscaler ignores it."""
+        bundles = [self.bundle(c.name) for c in self.children.values()
+                   if not c.retired and not c.finished()]
+        bundles = [b for b in bundles if b]
+        try:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=bundles)
+        except Exception as exc:  # a hint to the autoscaler: the run goes on without it
+            print(f"astraflow: warning: could not ask the Ray autoscaler for room: {exc}",
+                  file=sys.stderr)
+            return
+        self.event(event="request_resources", pool=pool, bundles=len(bundles))
+
+    def placement_waits(self, child: Child) -> None:
+        """Say once that a component waits for Ray to find room for it."""
+        proc: RayProc = child.proc  # type: ignore[assignment]
+        if (proc.pid is not None or child.name in self.waiting
+                or time.time() - proc.spawned < _PLACEMENT_SECONDS):
+            return
+        self.waiting.add(child.name)
+        self.scaled(self.pool_of(child.name) if child.name.startswith("raas-") else "")
+        print(f"astraflow: {child.name} waits for Ray to place it (it needs "
+              f"{self.bundle(child.name)}; the cluster has free "
+              f"{self.ray.available_resources()}); the Ray autoscaler, if the cluster has "
+              "one, was asked for room", file=sys.stderr)
+        self.event(event="waiting_for_placement", component=child.name)
 
     def supervise(self) -> None:
         """Ray restarts what crashed after it got to work; a component that failed in
@@ -445,7 +509,13 @@ class RayRun(LocalRun):
             if proc.restarted > seen:
                 print(f"astraflow: {child.name} was restarted by Ray", file=sys.stderr)
                 self.event(event="restart", component=child.name, restart=proc.restarted)
-            if code is None or child.retired or child.finished():
+            if code is None:
+                self.placement_waits(child)
+                continue
+            if child.retired:
+                self.release(child)
+                continue
+            if child.finished():
                 continue
             self.collect()  # the log's end, for the message
             if proc.gone is not None:
@@ -458,7 +528,13 @@ class RayRun(LocalRun):
 
     def stop(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         super().stop(names, timeout)
-        chosen = [self.children[n] for n in (names or list(self.children)) if n in self.children]
+        chosen = [self.children[n] for n in (names or list(self.children))
+                  if n in self.children and n not in self.released]
+        if self.cfg.autoscale and names is None:
+            with contextlib.suppress(Exception):  # the run no longer needs its room
+                from ray.autoscaler.sdk import request_resources
+
+                request_resources(bundles=[])
         if self.collected and not self.cfg.launcher.get("keep_work_dir", False):
             # a run that failed keeps them: its store and checkpoints are evidence
             self.copy_streams_final(chosen)
@@ -469,6 +545,25 @@ class RayRun(LocalRun):
         for child in chosen:
             with contextlib.suppress(Exception):  # already gone
                 child.proc.kill()
+
+    def retire(self, child: Child) -> None:
+        super().retire(child)  # SIGTERM: the node finishes its leases and leaves
+        if child.proc.pid is None:  # never placed: nothing to wait for
+            self.released.add(child.name)
+            with contextlib.suppress(Exception):
+                child.proc.kill()
+
+    def release(self, child: Child) -> None:
+        """A retired node that has left: its log's end copied, its working directory
+        removed, its actor ended, so Ray can give its resources to others."""
+        if child.name in self.released:
+            return
+        self.released.add(child.name)
+        self.copy_streams_final([child])
+        with contextlib.suppress(Exception):
+            if not self.cfg.launcher.get("keep_work_dir", False):
+                self.ray.get(child.proc.actor.remove_work.remote(), timeout=60)  # type: ignore[attr-defined]
+            child.proc.kill()
 
     def copy_streams_final(self, chosen: list[Child]) -> None:
         """The last lines of components stopped after the run (the nodes' logs)."""

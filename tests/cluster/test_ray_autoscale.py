@@ -1,0 +1,58 @@
+"""autoscale=true under ``launcher=ray``: the launcher grows a starving pool by node
+actors, and when the cluster has no room for one it says so and asks the Ray autoscaler
+for it (``request_resources``), which ``ray status`` shows; the request is withdrawn
+when the run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launched_runs import reaped, records, start_run, wait_for
+
+#: pool a is pinned to the head, which has room for two of its nodes (pool_a: 2)
+POOL = "launcher.pools={a: {nodes: 2, resources: {pool_a: 1}}}"
+
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def ray_status(address: str) -> str:
+    proc = subprocess.run([RAY, "status", f"--address={address}"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ})
+    return proc.stdout
+
+
+def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path,
+                                                               tiny_model_dir):
+    run_dir = tmp_path / "run"
+    # two slow nodes (one task in flight, 0.5 s a rollout) cannot keep the trainer busy
+    launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
+                         f"launcher.address={cluster}", POOL, "steps=30", "eval_every=30",
+                         "batch_size=16", "num_nodes=2", "node_concurrency=1",
+                         "raas.generation_seconds=0.5", "autoscale=true", "min_nodes=1",
+                         "max_nodes=3", "launcher.autoscale_interval=0.5",
+                         "launcher.autoscale_cooldown=2")
+
+    def events(kind: str) -> list[dict]:
+        return [r for r in records(run_dir / "metrics" / "launcher.jsonl")
+                if r["event"] == kind]
+
+    with reaped(launcher):
+        wait_for(lambda: events("waiting_for_placement"), 240,
+                 "a node the cluster has no room for", launcher)
+        status = ray_status(cluster)
+        # the room the run needs now: three pool-a nodes (two placed, one waiting)
+        assert "{'CPU': 1.0, 'pool_a': 1.0}: 3 from request_resources()" in status, status
+        _out, err = launcher.communicate(timeout=400)
+    assert launcher.returncode == 0, err[-3000:]
+    grown = events("autoscale")
+    assert grown and grown[0]["pool"] == "a" and grown[0]["target"] == 3, grown
+    assert "raas-a-2 waits for Ray to place it" in err
+    assert events("request_resources")
+    assert "from request_resources()" not in ray_status(cluster)  # withdrawn at the end
+    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
+    assert summary["steps"] == 30
