@@ -44,15 +44,17 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
     with reaped(launcher):
         wait_for(lambda: events("waiting_for_placement"), 240,
                  "a node the cluster has no room for", launcher)
-        status = ray_status(cluster)
-        # the room the run needs now: three pool-a nodes (two placed, one waiting)
-        assert "{'CPU': 1.0, 'pool_a': 1.0}: 3 from request_resources()" in status, status
+        # the room the run needs now: three pool-a nodes (two placed, one waiting), as
+        # the cluster's status reports it (refreshed every few seconds)
+        wanted = "{'CPU': 1.0, 'pool_a': 1.0}: 3 from request_resources()"
+        wait_for(lambda: wanted in ray_status(cluster), 60, wanted, launcher)
         _out, err = launcher.communicate(timeout=400)
     assert launcher.returncode == 0, err[-3000:]
     grown = events("autoscale")
     assert grown and grown[0]["pool"] == "a" and grown[0]["target"] == 3, grown
     assert "raas-a-2 waits for Ray to place it" in err
     assert events("request_resources")
-    assert "from request_resources()" not in ray_status(cluster)  # withdrawn at the end
+    wait_for(lambda: "from request_resources()" not in ray_status(cluster), 60,
+             "the request withdrawn at the end of the run")
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == 30
