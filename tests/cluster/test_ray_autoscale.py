@@ -29,32 +29,42 @@ def ray_status(address: str) -> str:
 def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path,
                                                                tiny_model_dir):
     run_dir = tmp_path / "run"
-    # two slow nodes (one task in flight, 0.5 s a rollout) cannot keep the trainer busy
+    # two slow nodes (one task in flight, 0.5 s a rollout) cannot keep the trainer busy;
+    # after growing once the pool holds (cooldown), so the request stays what it was
     launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
-                         f"launcher.address={cluster}", POOL, "steps=30", "eval_every=30",
+                         f"launcher.address={cluster}", POOL, "steps=40", "eval_every=40",
                          "batch_size=16", "num_nodes=2", "node_concurrency=1",
                          "raas.generation_seconds=0.5", "autoscale=true", "min_nodes=1",
                          "max_nodes=3", "launcher.autoscale_interval=0.5",
-                         "launcher.autoscale_cooldown=2")
+                         "launcher.autoscale_cooldown=120")
 
     def events(kind: str) -> list[dict]:
         return [r for r in records(run_dir / "metrics" / "launcher.jsonl")
                 if r["event"] == kind]
 
     with reaped(launcher):
-        wait_for(lambda: events("waiting_for_placement"), 240,
-                 "a node the cluster has no room for", launcher)
+        wait_for(lambda: events("autoscale"), 240, "the pool to grow", launcher)
         # the room the run needs now: three pool-a nodes (two placed, one waiting), as
         # the cluster's status reports it (refreshed every few seconds)
-        wanted = "{'CPU': 1.0, 'pool_a': 1.0}: 3 from request_resources()"
-        wait_for(lambda: wanted in ray_status(cluster), 60, wanted, launcher)
+        seen: list[str] = []
+
+        def requested() -> bool:
+            seen.append(ray_status(cluster))
+            return any("'pool_a': 1.0" in line and ": 3 from request_resources()" in line
+                       for line in seen[-1].splitlines())
+
+        try:
+            wait_for(requested, 60, "three pool-a bundles requested", launcher)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; ray status said:\n{seen[-1]}") from None
         _out, err = launcher.communicate(timeout=400)
     assert launcher.returncode == 0, err[-3000:]
     grown = events("autoscale")
     assert grown and grown[0]["pool"] == "a" and grown[0]["target"] == 3, grown
     assert "raas-a-2 waits for Ray to place it" in err
+    assert events("waiting_for_placement")[0]["component"] == "raas-a-2"
     assert events("request_resources")
     wait_for(lambda: "from request_resources()" not in ray_status(cluster), 60,
              "the request withdrawn at the end of the run")
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
-    assert summary["steps"] == 30
+    assert summary["steps"] == 40
