@@ -40,6 +40,8 @@ def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_pa
     assert "registered as raas-a-0" in (run_dir / "logs" / "raas-a-0.log").read_text()
     assert not (run_dir / "store").exists() and not (run_dir / "checkpoints").exists()
     assert list(machines.iterdir()) == []
+    # where nodes from outside the cluster join (astraflow raas --connect URL)
+    assert (run_dir / "url").read_text().startswith("http://")
 
 
 def test_without_ray_launcher_ray_says_what_to_install(tmp_path):

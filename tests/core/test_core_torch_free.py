@@ -1,15 +1,16 @@
-"""The core installs and imports without torch or any engine."""
+"""The core installs and imports without torch, Ray or any engine."""
 
 import subprocess
 import sys
 from importlib import metadata
 
-HEAVY = ("torch", "vllm", "sglang", "megatron", "transformers")
+HEAVY = ("torch", "vllm", "sglang", "megatron", "transformers", "ray")
 
 
 def test_import_astraflow_imports_no_heavy_library():
     code = (
         "import sys, astraflow, astraflow.config, astraflow.plugins, astraflow.cli;"
+        "import astraflow.launch.local, astraflow.launch.ray;"
         "from astraflow.plugins import get_registry; get_registry();"
         f"bad = [m for m in {HEAVY!r} if m in sys.modules]; assert not bad, bad"
     )

@@ -99,6 +99,15 @@ class LocalRun:
             time.sleep(0.1)
         self.url = url_file.read_text().strip()
         child.ready_file.touch()
+        self.announce_url()
+
+    def announce_url(self) -> None:
+        """Where nodes from other machines join (``astraflow raas --connect URL``): in
+        ``<run_dir>/url``, and said once on the console."""
+        first = not (self.run_dir / "url").exists()
+        (self.run_dir / "url").write_text(self.url + "\n")
+        if first:
+            print(f"astraflow: data layer at {self.url}", file=sys.stderr)
 
     def collect(self) -> None:
         """Bring what components wrote elsewhere into the run directory (here they

@@ -420,6 +420,7 @@ class RayRun(LocalRun):
             # components the address of the machine Ray placed the data layer on
             ip = self.ray.get(actor.node_ip.remote())
             self.url = f"http://{ip}:{port}"
+        self.announce_url()
 
     def _pending(self, what: str) -> str:
         available = self.ray.available_resources()
