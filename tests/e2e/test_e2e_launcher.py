@@ -31,6 +31,9 @@ def test_run_directory_holds_config_metrics_plot_and_summary(smoke_run):
     assert summary["trajectories_generated"] >= summary["trajectories_trained"]
     for key in ("start_eval_accuracy", "final_eval_accuracy", "wall_seconds"):
         assert summary[key] is not None
+    # start-up (every component up, the first batch rolled out and trained) is part of
+    # the wall time, and said apart
+    assert 0 < summary["first_step_seconds"] < summary["wall_seconds"]
     records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").open()]
     versions = [r["version"] for r in records if r["kind"] == "train"]
     assert versions == sorted(versions) and versions[-1] == 3

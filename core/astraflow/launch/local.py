@@ -400,6 +400,6 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
         return 1
     job.stop([n for n in job.children if n.startswith("raas-")])
     job.stop()
-    summary = write_report(cfg, run_dir, final_status, time.time() - started)
+    summary = write_report(cfg, run_dir, final_status, time.time() - started, started)
     print(json.dumps(summary, indent=2))
     return 0

@@ -15,7 +15,8 @@ from astraflow.trainer.runtime import GENERATED
 
 
 def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
-                 wall_seconds: float) -> dict[str, Any]:
+                 wall_seconds: float, started: float | None = None) -> dict[str, Any]:
+    """``started``: when the launcher started (epoch seconds), for the start-up cost."""
     records = read_records(run_dir)
     with (run_dir / "metrics.jsonl").open("w") as fh:
         for rec in records:
@@ -39,6 +40,9 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             "trajectories_generated": sum(counts.get(policy, {}).get(k, 0) for k in GENERATED),
             "trajectories_trained": sum(r["batch_size"] for r in tr),
             "wall_seconds": wall_seconds,
+            # what start-up costs: from the launcher's start to the end of step 1
+            "first_step_seconds": (min(r["time"] for r in tr) - started
+                                   if tr and started is not None else None),
         }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
