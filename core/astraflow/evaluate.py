@@ -90,10 +90,14 @@ class Evaluator:
             self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
-                done = await asyncio.to_thread(self.trainer_done)
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
-                if latest is not None and latest > last and (
-                        done or latest - last >= cfg.eval_every):
+                due = latest is not None and latest - last >= cfg.eval_every
+                # the status is asked for only when no evaluation is due anyway
+                done = not due and await asyncio.to_thread(self.trainer_done)
+                if done:  # read again: the trainer published its last version before it
+                    # left, maybe after the read above
+                    latest = await asyncio.to_thread(self.weights.latest, self.policy)
+                if latest is not None and latest > last and (done or due):
                     for policy, backend in backends.items():
                         target = latest if policy == self.policy else None
                         version, path = await asyncio.to_thread(self.weights.sync, policy,

@@ -130,11 +130,15 @@ class LocalRun:
         for i in range(self.cfg.num_nodes):
             self.start_node(i)
 
+    def sync_args(self, nodes: int) -> list[str]:
+        """mode=sync: each node's share of an iteration's tasks, over ``nodes`` nodes."""
+        if self.cfg.mode != "sync":
+            return []
+        per_iteration = math.ceil(self.cfg.batch_size / self.cfg.group_size)
+        return ["--sync-tasks", str(math.ceil(per_iteration / nodes))]
+
     def start_node(self, index: int) -> Child:
-        extra = []
-        if self.cfg.mode == "sync":
-            per_iteration = math.ceil(self.cfg.batch_size / self.cfg.group_size)
-            extra = ["--sync-tasks", str(math.ceil(per_iteration / self.cfg.num_nodes))]
+        extra = self.sync_args(self.cfg.num_nodes)
         throttles = list(self.cfg.launcher.get("node_throttle") or [1.0])
         return self.spawn(f"raas-{index}", "raas", *self.component_args(),
                           "--name", f"node-{index}", "--concurrency",

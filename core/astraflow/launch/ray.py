@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
 import socket
 import sys
@@ -269,6 +268,8 @@ class RayRun(LocalRun):
     #: components said to wait for placement; retired nodes whose actors were ended
     waiting: set[str] = field(default_factory=set)
     released: set[str] = field(default_factory=set)
+    #: the Ray autoscaler was asked for room: withdrawn when the run ends
+    requested: bool = False
 
     def __post_init__(self) -> None:
         self.ray = import_ray()
@@ -331,17 +332,15 @@ class RayRun(LocalRun):
             out.append((str(local.relative_to(self.run_dir)), local))
         return out
 
-    def copy_new(self, child: Child, remote: str, local: Path, whole_lines: bool) -> None:
-        """Append what ``remote`` gained since the last copy to ``local``."""
+    def copy(self, child: Child, remote: str, local: Path, offset: int = 0, *,
+             whole_lines: bool = False, timeout: float = _POLL_SECONDS) -> int:
+        """Append ``remote`` from ``offset`` to ``local``, chunk by chunk; the new offset.
+        A file smaller than ``offset`` is a new one (the component was restarted on
+        another machine): copied from its start."""
         ray, actor = self.ray, child.proc.actor  # type: ignore[attr-defined]
-        key = (child.name, remote)
-        offset = self.copied.get(key, 0)
         while True:
-            try:
-                data, size = ray.get(actor.read.remote(remote, offset), timeout=_POLL_SECONDS)
-            except ray.exceptions.RayError:
-                return  # restarting or gone: copied at the next chance
-            if size < offset:  # restarted on another machine: a new file there
+            data, size = ray.get(actor.read.remote(remote, offset), timeout=timeout)
+            if size < offset:
                 offset = 0
                 continue
             if whole_lines:  # a reader of the run directory never sees half a record
@@ -351,43 +350,41 @@ class RayRun(LocalRun):
                 with local.open("ab") as fh:
                     fh.write(data)
                 offset += len(data)
-            self.copied[key] = offset
             if not data or offset >= size:
-                return
+                return offset
 
-    def copy_streams(self, every: float = 2.0) -> None:
-        if time.time() < self.next_copy:
-            return
-        self.next_copy = time.time() + every
-        for child in list(self.children.values()):
-            if child.proc.pid is None or child.name in self.released:
+    def copy_streams(self, chosen: list[Child] | None = None, final: bool = False) -> None:
+        """The new bytes of every log and metric stream (at most every 2 s unless
+        ``final``: then the last ones, half-written lines included)."""
+        if not final:
+            if time.time() < self.next_copy:
+                return
+            self.next_copy = time.time() + 2.0
+        for child in chosen if chosen is not None else list(self.children.values()):
+            if child.proc.pid is None or (child.name in self.released and not final):
                 continue  # not placed yet (it would not answer), or gone on purpose
             for remote, local in self.streams(child):
-                self.copy_new(child, remote, local, whole_lines=remote.endswith(".jsonl"))
+                key = (child.name, remote)
+                # restarting or gone: copied at the next chance
+                with contextlib.suppress(self.ray.exceptions.RayError):
+                    self.copied[key] = self.copy(child, remote, local, self.copied.get(key, 0),
+                                                 whole_lines=not final
+                                                 and remote.endswith(".jsonl"))
 
     def copy_dir(self, child: Child, remote: str) -> None:
         """Copy a directory of a component's working directory into the run directory
-        (the final weights), file by file in chunks."""
-        ray, actor = self.ray, child.proc.actor  # type: ignore[attr-defined]
-        for path in ray.get(actor.files.remote(remote), timeout=60):
+        (the final weights), file by file."""
+        for path in self.ray.get(child.proc.actor.files.remote(remote), timeout=60):  # type: ignore[attr-defined]
             local = self.run_dir / path
-            local.parent.mkdir(parents=True, exist_ok=True)
             tmp = local.with_name(f".{local.name}.part")
-            with tmp.open("wb") as fh:
-                offset = 0
-                while True:
-                    data, size = ray.get(actor.read.remote(path, offset), timeout=300)
-                    fh.write(data)
-                    offset += len(data)
-                    if not data or offset >= size:
-                        break
+            tmp.unlink(missing_ok=True)
+            self.copy(child, path, tmp, timeout=300)
             tmp.replace(local)
 
     def collect(self) -> None:
         """At the end: the rest of every log and metric stream, and each trainer's final
         weights, into the run directory."""
-        self.next_copy = 0.0
-        self.copy_streams()
+        self.copy_streams(final=True)
         for child in self.children.values():
             if child.name.startswith("trainer-") and child.finished():
                 self.copy_dir(child, f"final/{child.name.removeprefix('trainer-')}")
@@ -433,17 +430,11 @@ class RayRun(LocalRun):
                 self.start_pool_node(pool, index)
 
     def start_pool_node(self, pool: str, index: int) -> Child:
-        extra = []
-        if self.cfg.mode == "sync":  # each iteration split over every pool's nodes
-            nodes = sum(p["nodes"] for p in self.pools.values())
-            per_iteration = math.ceil(self.cfg.batch_size / self.cfg.group_size)
-            extra = ["--sync-tasks", str(math.ceil(per_iteration / nodes))]
+        # mode=sync: each iteration split over every pool's nodes
+        extra = self.sync_args(sum(p["nodes"] for p in self.pools.values()))
         return self.spawn(f"raas-{pool}-{index}", "raas", *self.component_args(),
                           "--name", f"{pool}-{index}", "--pool", pool,
                           "--concurrency", str(self.cfg.node_concurrency), *extra)
-
-    def start_node(self, index: int) -> Child:
-        return self.start_pool_node(next(iter(self.pools)), index)
 
     def nodes(self, pool: str = "default") -> list[Child]:
         return sorted((c for c in self.children.values()
@@ -478,6 +469,7 @@ class RayRun(LocalRun):
             from ray.autoscaler.sdk import request_resources
 
             request_resources(bundles=bundles)
+            self.requested = True
         except Exception as exc:  # a hint to the autoscaler: the run goes on without it
             print(f"astraflow: warning: could not ask the Ray autoscaler for room: {exc}",
                   file=sys.stderr)
@@ -531,14 +523,14 @@ class RayRun(LocalRun):
         super().stop(names, timeout)
         chosen = [self.children[n] for n in (names or list(self.children))
                   if n in self.children and n not in self.released]
-        if self.cfg.autoscale and names is None:
+        if self.requested and names is None:
             with contextlib.suppress(Exception):  # the run no longer needs its room
                 from ray.autoscaler.sdk import request_resources
 
                 request_resources(bundles=[])
         if self.collected and not self.cfg.launcher.get("keep_work_dir", False):
             # a run that failed keeps them: its store and checkpoints are evidence
-            self.copy_streams_final(chosen)
+            self.copy_streams(chosen, final=True)
             for child in chosen:  # one after the other: the last removes the run's
                 with contextlib.suppress(Exception):  # directory, once it is empty
                     self.ray.get(child.proc.actor.remove_work.remote(),  # type: ignore[attr-defined]
@@ -560,17 +552,12 @@ class RayRun(LocalRun):
         if child.name in self.released:
             return
         self.released.add(child.name)
-        self.copy_streams_final([child])
+        self.copy_streams([child], final=True)
         with contextlib.suppress(Exception):
             if not self.cfg.launcher.get("keep_work_dir", False):
                 self.ray.get(child.proc.actor.remove_work.remote(), timeout=60)  # type: ignore[attr-defined]
             child.proc.kill()
 
-    def copy_streams_final(self, chosen: list[Child]) -> None:
-        """The last lines of components stopped after the run (the nodes' logs)."""
-        for child in chosen:
-            for remote, local in self.streams(child):
-                self.copy_new(child, remote, local, whole_lines=False)
 
 
 def run(cfg: DictConfig) -> int:
