@@ -97,22 +97,34 @@ def cmd_dataflow(argv: list[str]) -> int:
 
 def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
     """For a mistyped setting: one line naming it and the settings its section has."""
+    import difflib
     import re
 
     found = re.search(r"Could not override '([^']+)'", str(exc))
     if found is None:
         return None
-    key = found.group(1)
+    key = overridden = found.group(1)
+    # a section set whole (`launcher.trainer={num_gpu: 1}`): the mistyped key inside it
+    inner = re.search(r"is not in struct\s+full_key: (\S+)", str(exc.__cause__))
+    if inner is not None and inner.group(1).startswith(key + "."):
+        key = inner.group(1)
     parent, _, leaf = key.rpartition(".")
     try:
         from omegaconf import DictConfig, OmegaConf
 
         from astraflow.config import compose_config
 
-        rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(leaf)]
-        node = OmegaConf.select(compose_config(rest), parent) if parent else None
+        # without the override that failed (its key may be an alias: agent.x is workflow.x)
+        rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(
+            overridden.rpartition(".")[2])]
+        root = compose_config(rest)
+        node = OmegaConf.select(root, parent) if parent else root
         if not isinstance(node, DictConfig) or leaf in node:
             return None  # a setting that exists but refuses this value: Hydra's words
+        if not parent:  # the top level has many: the nearest ones
+            near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
+            return (f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?"
+                                                  if near else ""))
         return f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
     except Exception:
         return None

@@ -121,3 +121,20 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
     line = proc.stderr.strip().splitlines()[0]
     assert "workflow.fucntion is not a setting" in line and "function" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    # a section set whole, with a mistyped key inside it
+    ("launcher.trainer={num_gpu: 1}",
+     "launcher.trainer.num_gpu is not a setting; launcher.trainer has: num_cpus, num_gpus"),
+    # a top-level setting: the nearest names
+    ("stepz=3", "stepz is not a setting; did you mean steps?"),
+    # a rollout pool's settings are free-form in the config, so checked by the launcher
+    ("launcher.pools={a: {nodez: 2}}",
+     "launcher.pools.a: nodez is not a pool setting; a pool has: nodes, num_cpus"),
+])
+def test_a_mistyped_launcher_setting_is_named(tmp_path, override, said):
+    proc = launch(tmp_path, "launcher=ray", override)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert said in proc.stderr.strip().splitlines()[0], proc.stderr
+    assert not (tmp_path / "run").exists()

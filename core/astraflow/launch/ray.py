@@ -30,6 +30,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,12 @@ def pool_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """``launcher.pools`` with every key filled in; none: one pool "default" of
     ``num_nodes`` nodes of one CPU each."""
     out = {}
+    keys = ("nodes", "num_cpus", "num_gpus", "resources")
     for name, pool in (cfg.launcher.get("pools") or {}).items():
+        unknown = sorted(set(pool) - set(keys)) if isinstance(pool, Mapping) else []
+        if unknown or not isinstance(pool, Mapping):
+            raise ConfigError(f"launcher.pools.{name}: {', '.join(map(str, unknown)) or pool} "
+                              f"is not a pool setting; a pool has: {', '.join(keys)}")
         out[str(name)] = {"nodes": int(pool.get("nodes", 1)),
                           "num_cpus": float(pool.get("num_cpus", 1)),
                           "num_gpus": float(pool.get("num_gpus", 0)),
@@ -567,6 +573,7 @@ def run(cfg: DictConfig) -> int:
     # (at once); then the user's files (checked before the run directory is made); then
     # a cluster that refuses this machine (RayRun joins it)
     import_ray()
+    pool_settings(cfg)  # a mistyped pool setting
     check_address(cfg.launcher.get("address"))
     return run_with(cfg, job_cls=RayRun)
 
