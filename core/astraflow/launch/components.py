@@ -15,6 +15,7 @@ import signal
 from astraflow.cli import command
 from astraflow.components import load_config
 from astraflow.security import TOKEN_ENV
+from astraflow.trainer import distributed
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +88,32 @@ def cmd_train(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _logging()
     cfg = load_config(args.config)
+    world = int(cfg.trainer.get("world_size", 1))
+    if world > 1 and not distributed():
+        _torchrun(world, argv)  # does not return
     TrainerRuntime(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics).run()
     return 0
+
+
+def _torchrun(world_size: int, argv: list[str]) -> None:
+    """Become ``torchrun`` running ``world_size`` ranks of this trainer on this machine.
+
+    The process stays the one the launcher started (``exec``), so stopping it stops
+    every rank; ``torchrun`` ends all ranks when one fails, and the launcher restarts
+    the whole trainer. For ranks on several machines, start ``torchrun`` yourself.
+    """
+    import sys
+
+    from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
+
+    if READY_ENV in os.environ:  # started by a launcher: the ranks end with this process
+        os.environ[LAUNCHER_ENV] = str(os.getpid())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={world_size}", "--max-restarts=0", "-m", "astraflow", "train",
+        *argv])
 
 
 @command("eval")

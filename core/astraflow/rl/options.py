@@ -19,6 +19,12 @@ class PolicyGradientOptions:
     a frozen copy of the initial model as the KL reference. ``num_threads`` sets
     torch's intra-op threads (0 leaves torch's default).
 
+    ``world_size`` is how many processes (ranks, one device each) train this policy
+    together: ``tensor_model_parallel_size`` x ``pipeline_model_parallel_size`` x
+    ``data_parallel_size`` (0: whatever is left of the world size). Above 1 the
+    trainer runs under ``torchrun``; every collective gives up after
+    ``collective_timeout`` seconds, so a dead rank ends the trainer instead of hanging it.
+
     ``lr_schedule`` is ``constant``, ``linear`` or ``cosine``: after ``warmup_steps`` of
     linear warm-up the rate decays from ``lr`` to ``min_lr_ratio * lr`` at
     ``total_steps`` (0: the run's ``steps``, filled in by the runtime).
@@ -44,6 +50,11 @@ class PolicyGradientOptions:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     total_steps: int = 0
+    world_size: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 0
+    collective_timeout: float = 600.0
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -65,3 +76,28 @@ def lr_at(options: PolicyGradientOptions, step: int) -> float:
     else:
         scale = 0.5 * (1.0 + math.cos(math.pi * progress))
     return options.lr * (options.min_lr_ratio + (1.0 - options.min_lr_ratio) * scale)
+
+
+def parallel_sizes(options: object) -> tuple[int, int, int]:
+    """``(data, tensor, pipeline)`` parallel sizes of a trainer config, checked.
+
+    Any trainer config works: one without these settings is a single process.
+    """
+    get = getattr(options, "get", None) or (lambda k, d: getattr(options, k, d))
+    world = int(get("world_size", 1))
+    tp = int(get("tensor_model_parallel_size", 1))
+    pp = int(get("pipeline_model_parallel_size", 1))
+    dp = int(get("data_parallel_size", 0))
+    for name, value in (("world_size", world), ("tensor_model_parallel_size", tp),
+                        ("pipeline_model_parallel_size", pp)):
+        if value < 1:
+            raise ValueError(f"trainer.{name}={value} must be >= 1")
+    if world % (tp * pp):
+        raise ValueError(f"trainer.world_size={world} is not a multiple of "
+                         f"tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp}")
+    if dp == 0:
+        dp = world // (tp * pp)
+    if dp * tp * pp != world:
+        raise ValueError(f"trainer.data_parallel_size={dp} x tensor_model_parallel_size={tp} x "
+                         f"pipeline_model_parallel_size={pp} != world_size={world}")
+    return dp, tp, pp

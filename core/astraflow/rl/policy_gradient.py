@@ -8,6 +8,14 @@ accumulation normalised by the whole batch's trained tokens, clipping and metric
 Sequences are right-padded, so causal attention never lets a real token see padding.
 Each item's advantage is broadcast over its trained tokens (``loss_mask``);
 ``Trajectory.logprobs`` are the behaviour log-probs of the importance ratio.
+
+With data parallelism (``dp_size`` > 1) every rank is given the whole batch and trains
+on its share (items ``dp_rank``, ``dp_rank + dp_size``, ...). The loss is still
+normalised by the trained tokens of the whole batch and the gradients are summed over
+the replicas, so a step equals the single-process step on the same batch; metrics are
+summed over the replicas too, and M2PO's bounds are the whole batch's. Every replica
+runs the same number of micro-batches (an empty one if its share is short), so the
+collectives of a sharded model always meet.
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from astraflow.contracts import TrainerBackend
 from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
-from astraflow.rl.options import lr_at
+from astraflow.rl.options import lr_at, parallel_sizes
 from astraflow.types import Batch, TrainItem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -72,7 +81,9 @@ class PolicyGradientBackend(TrainerBackend):
     Subclasses set ``model``, ``reference`` (or None), ``optimizer``, ``pad_token_id``
     and ``device``, and implement ``logits``; they may override ``backward`` and
     ``clip_grad_norm`` (e.g. to run inside an engine's device context or to sum norms
-    across tensor-parallel shards).
+    across tensor-parallel shards). A data-parallel subclass sets ``dp_rank``,
+    ``dp_size`` and ``dp_group`` and makes the gradients summed over the replicas by
+    the end of ``reduce_gradients``.
     """
 
     model: Any
@@ -81,6 +92,9 @@ class PolicyGradientBackend(TrainerBackend):
     pad_token_id: int = 0
     device: torch.device | str | None = None
     step: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: Any = None
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -93,6 +107,7 @@ class PolicyGradientBackend(TrainerBackend):
         if not 0.0 <= config.min_lr_ratio <= 1.0:
             raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
         lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
+        parallel_sizes(config)
 
     def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
         """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""
@@ -102,16 +117,40 @@ class PolicyGradientBackend(TrainerBackend):
         loss.backward()
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def reduce_gradients(self) -> None:
+        """Make every replica's gradients the sum over replicas (after the last backward)."""
 
     def _micro_batches(self, items: list[TrainItem]) -> list[MicroBatch]:
         return micro_batches(items, self.config.micro_batch_size, self.pad_token_id,
                              self.device)
 
+    def _share(self, items: list[TrainItem]) -> list[MicroBatch]:
+        """This replica's micro-batches: as many on every replica, padded with empty ones."""
+        if self.dp_size == 1:
+            return self._micro_batches(items)
+        size = self.config.micro_batch_size
+        count = math.ceil(math.ceil(len(items) / self.dp_size) / size)
+        micros = self._micro_batches(items[self.dp_rank :: self.dp_size])
+        empty = torch.tensor([[self.pad_token_id]], device=self.device)
+        zeros = torch.zeros(1, 1, device=self.device)
+        micros += [MicroBatch(empty, zeros, zeros, zeros, [1])] * (count - len(micros))
+        return micros
+
+    def _sum(self, values: list[float]) -> list[float]:
+        """``values`` summed over the data-parallel replicas."""
+        if self.dp_size == 1:
+            return values
+        total = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(total, group=self.dp_group)
+        return total.tolist()
+
     def train_step(self, batch: Batch) -> dict[str, float]:
         cfg = self.config
-        micros = self._micro_batches(batch.items)
-        num_tokens = float(sum(float(m.mask.sum()) for m in micros))
+        micros = self._share(batch.items)
+        (num_tokens,) = self._sum([float(sum(float(m.mask.sum()) for m in micros))])
         if num_tokens == 0:
             raise ValueError(f"batch {batch.batch_id!r} has no trained tokens (all loss_mask 0)")
         clip = self._clip(micros)
@@ -135,6 +174,8 @@ class PolicyGradientBackend(TrainerBackend):
             totals["entropy"] += float((token_entropy(logits) * micro.mask).sum())
             diff = (logp.detach() - micro.old_logp).abs() * micro.mask
             totals["logp_diff"] += float(diff.sum())
+        self.reduce_gradients()
+        totals = dict(zip(totals, self._sum(list(totals.values())), strict=True))
         grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         lr = lr_at(cfg, self.step)
         for group in self.optimizer.param_groups:
@@ -173,8 +214,24 @@ class PolicyGradientBackend(TrainerBackend):
                 olds.append(micro.old_logp.flatten())
                 advs.append(micro.advantages.expand_as(logp).flatten())
                 masks.append(micro.mask.flatten())
-        return m2po_clip(torch.cat(logps), torch.cat(olds), torch.cat(advs), torch.cat(masks),
-                         tau=self.config.m2po_tau)
+        tensors = [torch.cat(t) for t in (logps, olds, advs, masks)]
+        if self.dp_size > 1:  # the bounds are the whole batch's: gather its trained tokens
+            trained = tensors[3].bool()
+            tensors = [self._gather(t[trained].double()) for t in tensors]
+        return m2po_clip(*tensors, tau=self.config.m2po_tau)
+
+    def _gather(self, values: torch.Tensor) -> torch.Tensor:
+        """A 1-D tensor of any length per replica, concatenated in replica order."""
+        sizes = [torch.zeros(1, dtype=torch.int64, device=self.device)
+                 for _ in range(self.dp_size)]
+        dist.all_gather(sizes, torch.tensor([values.numel()], device=self.device),
+                        group=self.dp_group)
+        width = max(int(n) for n in sizes)
+        padded = torch.zeros(width, dtype=values.dtype, device=self.device)
+        padded[: values.numel()] = values
+        parts = [torch.empty_like(padded) for _ in range(self.dp_size)]
+        dist.all_gather(parts, padded, group=self.dp_group)
+        return torch.cat([part[: int(n)] for part, n in zip(parts, sizes, strict=True)])
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> list[list[float]]:

@@ -15,6 +15,7 @@ only from a backend's tests.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from collections.abc import Callable, Sequence
@@ -262,3 +263,73 @@ class TrainerBackendContract:
         assert metrics == expected_metrics
         assert _same(resumed.export_weights(), original.export_weights())
         assert resumed.compute_logprobs(first) == original.compute_logprobs(first)
+
+
+def run_ranks(backend_name: str, model_dir: str, out: Path, settings: dict[str, Any],
+              timeout: float = 600) -> dict[str, Any]:
+    """Run :mod:`astraflow.testing.rank_worker` under ``torchrun`` with
+    ``settings["world_size"]`` ranks; returns what rank 0 wrote."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={settings['world_size']}", "-m", "astraflow.testing.rank_worker",
+           backend_name, model_dir, str(out), json.dumps(settings)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def check_ranks_match_one_process(backend_name: str, model_dir: str, out: Path,
+                                  settings: dict[str, Any], rel: float = 1e-5,
+                                  logprob_atol: float = 1e-5) -> None:
+    """A trainer of ``settings["world_size"]`` ranks against one process, on the same
+    two batches: both steps' loss and metrics agree to ``rel``, the log-probs after
+    step 1 to ``logprob_atol``; its checkpoint resumes in one process and one process's
+    checkpoint resumes in it, each to the same next step; its final weights load in
+    ``transformers`` and give the single process's log-probs."""
+    from astraflow.testing.rank_worker import write_batch
+
+    entry = get_registry().get("trainer_backend", backend_name)
+    single_settings = {k: v for k, v in settings.items()
+                       if k not in ("world_size", "tensor_model_parallel_size",
+                                    "data_parallel_size", "cpu_offload")}
+    config = OmegaConf.merge(OmegaConf.structured(entry.config_cls), single_settings)
+    single = entry.create(config, model_dir)
+    # 7 items: two replicas get 4 and 3, so micro-batching can leave one replica short
+    batch1 = with_behaviour_logprobs(
+        single, arithmetic_batch(model_dir, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.5], "b1"))
+    batch2 = with_behaviour_logprobs(
+        single, arithmetic_batch(model_dir, [-1.0, 1.0, 2.0, -0.5, 0.5, -2.0, 1.0], "b2"))
+    out.mkdir(parents=True, exist_ok=True)
+    write_batch(batch1, out / "batch1.json")
+    write_batch(batch2, out / "batch2.json")
+    step1 = single.train_step(batch1)
+    logprobs1 = single.compute_logprobs(batch1)
+    single.save_checkpoint(str(out / "single-checkpoint"))
+    step2 = single.train_step(batch2)
+
+    ranks = run_ranks(backend_name, model_dir, out, settings)
+
+    def same_step(got: dict[str, float], want: dict[str, float], what: str) -> None:
+        assert got.keys() == want.keys(), what
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=rel, abs=1e-6), f"{what}: {key}"
+
+    same_step(ranks["step1"], step1, "step 1")
+    got = torch.tensor([x for row in ranks["logprobs1"] for x in row])
+    want = torch.tensor([x for row in logprobs1 for x in row])
+    assert (got - want).abs().max() < logprob_atol
+    same_step(ranks["step2"], step2, "step 2")
+    same_step(ranks["step2_from_single"], step2, "step 2 resumed from one process")
+
+    resumed = entry.create(config, model_dir)  # the ranks' checkpoint, in one process
+    resumed.load_checkpoint(str(out / "checkpoint"))
+    same_step(resumed.train_step(batch2), step2, "step 2 resumed in one process")
+
+    final = AutoModelForCausalLM.from_pretrained(str(out / "final"), local_files_only=True)
+    direct = _direct_logprobs(final.float(), batch1)
+    for row, want_row in zip(direct, single.compute_logprobs(batch1), strict=True):
+        assert max(abs(a - b) for a, b in zip(row, want_row, strict=True)) < 1e-3

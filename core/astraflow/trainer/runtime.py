@@ -3,6 +3,9 @@
 To a trainer, AstraFlow is a streaming corpus plus a weight publication target. The
 runtime checkpoints before it acknowledges, so a trainer killed at any point resumes
 from its checkpoint and every batch it had not acknowledged is served again.
+
+A trainer of several ranks (``trainer.world_size`` > 1, started by ``torchrun``) runs
+this loop on rank 0 alone; the other ranks follow it (:mod:`astraflow.trainer.ranks`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from astraflow.components import trainer_settings
+from astraflow.errors import ConfigError
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
+from astraflow.trainer import distributed
 
 log = logging.getLogger("astraflow.trainer")
 #: status counts that together are every trajectory generated for a policy
@@ -46,6 +51,8 @@ class TrainerRuntime:
         #: the batch the checkpoint already includes: killed before acknowledging it,
         #: the trainer is served it again and must ack it, not train on it twice
         self.trained_batch: str | None = None
+        #: makes a backend call on every rank (rank 0's side; see ranks.Leader)
+        self.call: Any = None
 
     def _build(self) -> Any:
         entry = get_registry().get("trainer_backend", self.cfg.trainer.name)
@@ -54,12 +61,13 @@ class TrainerRuntime:
     def _publish(self, publisher: Any, version: int, backend: Any) -> None:
         from astraflow.weights.safetensors_io import from_torch
 
-        tensors = {name: from_torch(t) for name, t in backend.export_weights().items()}
+        tensors = {name: from_torch(t) for name, t in self.call("export_weights").items()}
         publisher.publish(version, tensors)
 
     def _save(self, backend: Any, batch_id: str) -> None:
         tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
-        backend.save_checkpoint(str(tmp))
+        _rmtree(tmp)  # what a killed save left: shards of another world size must not mix in
+        self.call("save_checkpoint", text=str(tmp))
         (tmp / "runtime.json").write_text(json.dumps({
             "version": self.version, "step": self.step, "batch_id": batch_id}))
         if self.ckpt_dir.exists():
@@ -74,7 +82,7 @@ class TrainerRuntime:
         for candidate in (self.ckpt_dir, self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")):
             meta = candidate / "runtime.json"
             if meta.exists():
-                backend.load_checkpoint(str(candidate))
+                self.call("load_checkpoint", text=str(candidate))
                 state = json.loads(meta.read_text())
                 self.version, self.step = state["version"], state["step"]
                 self.trained_batch = state.get("batch_id")
@@ -91,7 +99,26 @@ class TrainerRuntime:
         from astraflow.weights.client import HttpPublishTarget, WeightClient
         from astraflow.weights.publisher import WeightPublisher
 
+        ranks = None
+        if distributed():
+            from astraflow.rl.options import parallel_sizes
+            from astraflow.trainer.ranks import init
+
+            ranks = init(float(self.cfg.trainer.get("collective_timeout", 600.0)))
+            world = int(self.cfg.trainer.get("world_size", 1))
+            parallel_sizes(self.cfg.trainer)
+            if ranks.world_size != world:
+                raise ConfigError(f"torchrun started {ranks.world_size} ranks but "
+                                  f"trainer.world_size={world}")
         backend = self._build()
+        if ranks is not None and not ranks.leader:
+            from astraflow.trainer.ranks import follow
+
+            follow(backend, ranks)
+            return
+        from astraflow.trainer.ranks import Leader
+
+        self.call = Leader(backend, ranks)
         publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy)
         resumed = self._resume(backend)
         with WeightClient(self.url, self.token, self.work_dir / "trainer-weights") as wc:
@@ -106,6 +133,7 @@ class TrainerRuntime:
         mark_ready()
         try:
             self._train(backend, publisher, steps)
+            self.call.stop()
         finally:
             beats.stop()
         # leaving tells the data layer no one consumes this policy any more, so it stops
@@ -121,6 +149,7 @@ class TrainerRuntime:
             batch = self.client.get_batch(self.policy, batch_size, timeout=5.0,
                                           trainer_id=f"trainer-{self.policy}")
             if batch is None:
+                self.call.idle()  # the other ranks wait for rank 0's next call: not forever
                 continue
             if batch.batch_id == self.trained_batch:
                 self.client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
@@ -128,7 +157,7 @@ class TrainerRuntime:
                 t0 = time.time()
                 continue
             t1 = time.time()
-            metrics = backend.train_step(batch)
+            metrics = self.call("train_step", batch)
             self.version += 1
             self.step += 1
             t_trained = time.time()
@@ -167,7 +196,7 @@ class TrainerRuntime:
             })
             t0 = time.time()
         final = self.work_dir / "final" / self.policy
-        backend.save_pretrained(str(final))
+        self.call("save_pretrained", text=str(final))
         log.info("trainer %s: done at version %d; final weights in %s", self.policy,
                  self.version, final)
 

@@ -4,27 +4,43 @@ The step (micro-batching, losses, accumulation, metrics) is
 :class:`astraflow.rl.policy_gradient.PolicyGradientBackend`, shared with every trainer
 backend; this module owns the model, the optimiser and checkpoints.
 
-Checkpoints hold tensors in safetensors and everything else in JSON: nothing is
-pickled, so a checkpoint can be loaded from an untrusted directory.
+With ``trainer.world_size`` > 1 (under ``torchrun``) the model is sharded with FSDP2:
+every rank holds a slice of each parameter, gradient and AdamW moment, trains on its
+share of each batch, and the published weights are gathered whole once, on rank 0.
+
+Checkpoints are ``torch.distributed.checkpoint`` in its safetensors layout: every rank
+writes its own shards, each file says in its header which slice it holds, and any
+world size reads them back. Tensors are safetensors and everything else JSON: nothing
+is pickled, so a checkpoint can be loaded from an untrusted directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from transformers import AutoModelForCausalLM
 
+from astraflow.rl.options import parallel_sizes
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 from astraflow.text import copy_tokenizer_files
 
-_MODEL_FILE = "model.safetensors"
-_OPTIMIZER_FILE = "optimizer.safetensors"
 _STATE_FILE = "trainer_state.json"
-_FORMAT = 1
+_FORMAT = 2
+MIXED_PRECISION = ("none", "bfloat16")
 
 
 def _load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -32,8 +48,14 @@ def _load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn
                                                 local_files_only=True).to(device)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
+def resolve_device(name: str, sharded: bool = False) -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU.
+
+    A rank of a sharded trainer takes its own device: ``cuda:LOCAL_RANK`` (torchrun
+    sets it), or the CPU.
+    """
+    if sharded and name in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -46,7 +68,24 @@ def resolve_device(name: str) -> torch.device:
 
 
 class HFTrainerBackend(PolicyGradientBackend):
-    """PPO-clip / GRPO or M2PO over a ``transformers`` causal LM, on CPU or one device."""
+    """PPO-clip / GRPO or M2PO over a ``transformers`` causal LM: on CPU or one device,
+    or sharded with FSDP2 over the ranks of ``torchrun``."""
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        super().check_config(config)
+        dp, tp, pp = parallel_sizes(config)
+        if tp != 1 or pp != 1:
+            raise ValueError(
+                f"trainer.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: "
+                "trainer=hf shards by data parallelism (FSDP2) only; use trainer=megatron "
+                "for tensor parallelism")
+        if config.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"trainer.mixed_precision={config.mixed_precision!r}: choose one "
+                             f"of {list(MIXED_PRECISION)}")
+        if config.cpu_offload and dp == 1:
+            raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
+                             "trainer.world_size > 1")
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
@@ -54,12 +93,16 @@ class HFTrainerBackend(PolicyGradientBackend):
         self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
-        self.model = _load_model(model_path, self.dtype, self.device).train()
+        self.sharded = dist.is_initialized() and dist.get_world_size() > 1
+        if self.sharded:
+            self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        self.device = resolve_device(config.device, self.sharded)
+        self.autocast = config.mixed_precision == "bfloat16" and not self.sharded
+        self.model = self._prepare(_load_model(model_path, self.dtype, self.device).train())
         self.reference = None
         if config.kl_coef:
-            self.reference = _load_model(model_path, self.dtype,
-                                         self.device).eval().requires_grad_(False)
+            self.reference = self._prepare(_load_model(model_path, self.dtype, self.device)
+                                           .eval().requires_grad_(False))
         pad = self.model.config.pad_token_id
         self.pad_token_id: int = 0 if pad is None else int(pad)
         self.optimizer = torch.optim.AdamW(
@@ -71,52 +114,99 @@ class HFTrainerBackend(PolicyGradientBackend):
         )
         self.step = 0
 
+    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Activation checkpointing, then FSDP2 over the ranks when there are several."""
+        # tied weights (embeddings shared with the output layer) are published once,
+        # under the first name, as the checkpoint itself stores them
+        first: dict[int, str] = {}
+        #: a tied name -> the name it shares its tensor with
+        self.tied: dict[str, str] = {}
+        for name, tensor in model.state_dict().items():
+            if tensor.data_ptr() in first:
+                self.tied[name] = first[tensor.data_ptr()]
+            first.setdefault(tensor.data_ptr(), name)
+        if self.config.activation_checkpointing and model.training:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not self.sharded:
+            return model
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        options: dict[str, Any] = {"reshard_after_forward": self.config.reshard_after_forward}
+        if self.config.mixed_precision == "bfloat16":
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                        reduce_dtype=self.dtype)
+        if self.config.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy()
+        for layer in _decoder_layers(model):
+            fully_shard(layer, **options)
+        fully_shard(model, **options)
+        return model
+
     def logits(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        if self.autocast:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                return model(input_ids=tokens, use_cache=False).logits.float()
         return model(input_ids=tokens, use_cache=False).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # FSDP averages gradients over the replicas; the loss is already normalised by
+        # the whole batch's tokens, so the replicas' gradients must add up instead
+        (loss * self.dp_size if self.sharded else loss).backward()
 
     # -- the rest of the contract -----------------------------------------------------
 
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor whole, tied names once: on rank 0 only when sharded."""
+        if self.sharded:
+            state = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        else:
+            state = self.model.state_dict()
+        return {name: t for name, t in state.items() if name not in self.tied}
+
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """A snapshot (copies) in ``export_dtype``: later steps never change it."""
-        out, seen = {}, set()
-        for name, tensor in self.model.state_dict().items():
-            # tied weights (e.g. embeddings shared with the output layer) are published
-            # once, under the first name, as the checkpoint itself stores them
-            if tensor.data_ptr() in seen:
-                continue
-            seen.add(tensor.data_ptr())
-            out[name] = tensor.detach().to(device="cpu", dtype=self.export_dtype, copy=True)
-        return out
+        """A snapshot (copies) in ``export_dtype``: later steps never change it.
+
+        Sharded, the tensors are gathered once and only rank 0 (the publisher) gets
+        them; the other ranks get an empty dict.
+        """
+        return {name: tensor.detach().to(device="cpu", dtype=self.export_dtype, copy=True)
+                for name, tensor in self._full_state().items()}
 
     # -- persistence ---------------------------------------------------------------
 
     def save_checkpoint(self, path: str) -> None:
-        """Model and AdamW moments as safetensors; step and hyperparameters as JSON.
+        """Model and AdamW moments by every rank as safetensors shards; step and
+        hyperparameters as JSON.
 
         ``trainer_state.json`` is written last, so its presence marks a whole checkpoint.
         """
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        save_model(self.model, str(out / _MODEL_FILE))  # stores tied weights once
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        moments = {}
-        for param, state in self.optimizer.state.items():
-            for key, value in state.items():
-                moments[f"{names[id(param)]}::{key}"] = value.detach().cpu().contiguous()
-        save_file(moments, str(out / _OPTIMIZER_FILE))
-        groups = [
-            {k: v for k, v in group.items() if k != "params"}
-            for group in self.optimizer.state_dict()["param_groups"]
-        ]
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state = {k: v for k, v in model_state.items() if k not in self.tied}
+        with _single_process_quiet():
+            dcp.save({"model": model_state, "optim": optim_state["state"]},
+                     storage_writer=dcp.HuggingFaceStorageWriter(str(out),
+                                                                 save_distributed=True),
+                     no_dist=not self.sharded)
+        if self.sharded and dist.get_rank() != 0:
+            return
+        groups = [{k: v for k, v in group.items() if k != "params"}
+                  for group in optim_state["param_groups"]]
         state = {
             "format": _FORMAT,
             "step": self.step,
             "dtype": self.config.dtype,
+            "world_size": self.dp_size,
             "param_groups": groups,
         }
         (out / _STATE_FILE).write_text(json.dumps(state, indent=2))
 
     def load_checkpoint(self, path: str) -> None:
+        """What :meth:`save_checkpoint` wrote, at this trainer's world size whatever it
+        was saved at."""
         src = Path(path)
         state_path = src / _STATE_FILE
         if not state_path.exists():
@@ -128,22 +218,51 @@ class HFTrainerBackend(PolicyGradientBackend):
             raise ValueError(
                 f"{src} was trained in {state['dtype']}, this trainer uses {self.config.dtype}"
             )
-        load_model(self.model, str(src / _MODEL_FILE), strict=True, device=str(self.device))
-        moments = load_file(str(src / _OPTIMIZER_FILE))
-        index = {name: i for i, (name, _) in enumerate(self.model.named_parameters())}
-        per_param: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in moments.items():
-            name, _, slot = key.rpartition("::")
-            per_param.setdefault(index[name], {})[slot] = value
-        current = self.optimizer.state_dict()["param_groups"]
+        # asking for the optimiser's state dict creates its moments, shaped for this world
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        loaded = {"model": {k: v for k, v in model_state.items() if k not in self.tied},
+                  "optim": optim_state["state"]}
+        with _single_process_quiet():
+            dcp.load(loaded, storage_reader=dcp.HuggingFaceStorageReader(str(src)),
+                     no_dist=not self.sharded)
+        for name, source in self.tied.items():
+            loaded["model"][name] = loaded["model"][source]
         groups = [
             {**saved, "params": group["params"]}
-            for saved, group in zip(state["param_groups"], current, strict=True)
+            for saved, group in zip(state["param_groups"], optim_state["param_groups"],
+                                    strict=True)
         ]
-        self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+        set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict={"state": loaded["optim"], "param_groups": groups})
         self.step = int(state["step"])
 
     def save_pretrained(self, path: str) -> None:
-        """The model in its training dtype, plus the tokenizer files it was loaded with."""
-        self.model.save_pretrained(path)
+        """The model in its training dtype, plus the tokenizer files it was loaded with
+        (gathered and written by rank 0 when sharded)."""
+        if not self.sharded:
+            self.model.save_pretrained(path)
+        else:
+            state = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+            if dist.get_rank() != 0:
+                return
+            self.model.save_pretrained(path, state_dict=state)
         copy_tokenizer_files(self.model_path, path)
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """``torch.distributed.checkpoint`` warns that a single process saves alone: it should."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*assuming the intent is to (save|load)")
+        yield
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (what ``transformers`` never splits across devices)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class "
+                         "(_no_split_modules): FSDP2 cannot tell where to shard it")
+    return layers

@@ -11,14 +11,14 @@ from astraflow.rl.options import PolicyGradientOptions
 
 @dataclass
 class MegatronConfig(PolicyGradientOptions):
-    """Settings of ``trainer=megatron``: the shared optimisation settings, plus the
-    parallel sizes. ``tensor_model_parallel_size`` applies on CUDA GPUs under
-    ``torchrun``; without CUDA the backend runs at world size 1 (CPU mode).
+    """Settings of ``trainer=megatron``: the shared optimisation and parallel settings.
+
+    ``world_size`` ranks split into tensor-parallel groups of
+    ``tensor_model_parallel_size`` and data-parallel replicas; on CUDA GPUs with NCCL,
+    without CUDA on CPUs with gloo. Pipeline stages are not driven yet (use 1).
     """
 
     name: str = "megatron"
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
 
 
 @hookimpl

@@ -8,17 +8,21 @@ accumulated over micro-batches with the loss normalised by the trained tokens of
 whole batch, and the losses of :mod:`astraflow.rl.losses`.
 
 The optimiser is ``torch.optim.AdamW`` over the bare model: Megatron's distributed
-optimiser and its DDP wrapper need CUDA, and a single model replica has no gradients
-to reduce. With tensor parallelism every rank must be given the same batch; exports
-and ``save_pretrained`` gather the full tensors on every rank.
+optimiser and its DDP wrapper need CUDA. With data parallelism (``world_size`` above
+``tensor_model_parallel_size``) each replica trains on its share of the batch and the
+gradients are summed over the replicas by one all-reduce per step. Exports and
+``save_pretrained`` gather the full tensors within a tensor-parallel group.
 
 Checkpoints hold tensors in safetensors (Megatron names, one file per tensor-parallel
-rank) and everything else in JSON: nothing is pickled.
+rank, written by the first replica) and everything else in JSON: nothing is pickled.
+A checkpoint saved at one tensor-parallel size loads at another (the shards are
+joined and split again), and at any number of replicas.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -104,8 +108,12 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             torch.set_num_threads(config.num_threads)
         self.arch = convert.Architecture.from_hf(model_path)
         self.device = parallel.initialize(
-            config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+            config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
+            max(1, math.ceil(config.collective_timeout / 60)),
         )
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_group = parallel_state.get_data_parallel_group()
         hf_weights = convert.read_hf_weights(model_path)
         self.model = self._load(hf_weights).train()
         self.reference = None
@@ -162,6 +170,16 @@ class MegatronTrainerBackend(PolicyGradientBackend):
     def backward(self, loss: torch.Tensor) -> None:
         with parallel.megatron_device():
             loss.backward()
+
+    def reduce_gradients(self) -> None:
+        """One all-reduce over the replicas for every gradient, flattened together."""
+        if self.dp_size == 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """``clip_grad_norm_`` over the whole model, whichever rank holds which shard.
@@ -223,6 +241,9 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         params = dict(self.model.named_parameters())
+        if self.dp_rank != 0:  # the replicas hold the same numbers
+            dist.barrier()
+            return
         save_file(
             {k: v.detach().contiguous() for k, v in params.items()},
             str(out / self._shard_file("model")),
@@ -234,9 +255,9 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             for key, value in state.items()
         }
         save_file(moments, str(out / self._shard_file("optimizer")))
-        if _tp_size() > 1:
+        if dist.get_world_size() > 1:
             dist.barrier()
-        if _tp_rank() == 0:
+        if dist.get_rank() == 0:
             groups = [
                 {k: v for k, v in group.items() if k != "params"}
                 for group in self.optimizer.state_dict()["param_groups"]
@@ -258,18 +279,15 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         state = json.loads(state_path.read_text())
         if state.get("format") != _FORMAT:
             raise ValueError(f"{src}: checkpoint format {state.get('format')}, expected {_FORMAT}")
-        expected = {"dtype": self.config.dtype, "tensor_model_parallel_size": _tp_size()}
-        for key, want in expected.items():
-            if state[key] != want:
-                raise ValueError(
-                    f"{src} was saved with {key}={state[key]!r}, this trainer has {want!r}"
-                )
+        if state["dtype"] != self.config.dtype:
+            raise ValueError(f"{src} was saved with dtype={state['dtype']!r}, this trainer "
+                             f"has {self.config.dtype!r}")
         params = dict(self.model.named_parameters())
-        saved = load_file(str(src / self._shard_file("model")), device=str(self.device))
+        saved = self._read_shards(src, "model", state["tensor_model_parallel_size"])
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(saved[name])
-        moments = load_file(str(src / self._shard_file("optimizer")), device=str(self.device))
+        moments = self._read_shards(src, "optimizer", state["tensor_model_parallel_size"])
         index = {name: i for i, name in enumerate(params)}
         per_param: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in moments.items():
@@ -283,6 +301,30 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
         self.step = int(state["step"])
 
+    def _read_shards(self, src: Path, kind: str, saved_tp: int) -> dict[str, torch.Tensor]:
+        """This rank's part of every tensor in ``kind`` files saved at ``saved_tp`` ranks.
+
+        At another tensor-parallel size each tensor is joined from the saved parts and
+        split again; the vocabulary rows are padded anew for this size.
+        """
+        if saved_tp == _tp_size():
+            return load_file(str(src / self._shard_file(kind)), device=str(self.device))
+        names = [f"{kind}.safetensors"] if saved_tp == 1 else [
+            f"{kind}-tp{r}.safetensors" for r in range(saved_tp)]
+        parts = [load_file(str(src / name)) for name in names]
+        rows = convert.padded_vocab_size(self.arch.vocab_size, _tp_size())
+        out = {}
+        for key in parts[0]:
+            name = key.partition("::")[0]
+            if parts[0][key].dim() == 0:  # an optimiser's step count
+                out[key] = parts[0][key].to(self.device)
+                continue
+            full = convert.unshard(name, [p[key] for p in parts])
+            if name.endswith(("word_embeddings.weight", "output_layer.weight")):
+                full = convert.pad_rows(full[: self.arch.vocab_size], rows)
+            out[key] = convert.shard(name, full, _tp_rank(), _tp_size()).to(self.device)
+        return out
+
     def save_pretrained(self, path: str) -> None:
         """A Hugging Face checkpoint in the training dtype, with the source's config and tokenizer.
 
@@ -290,7 +332,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         exactly the architecture the weights were loaded from.
         """
         hf = convert.megatron_to_hf(self._full_state(), self.arch)
-        if _tp_rank() != 0:
+        if dist.get_rank() != 0:
             return
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,7 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
     return -(-vocab_size // tensor_parallel) * tensor_parallel
 
 
-def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, 0, 0, rows - tensor.shape[0]))
 
 
@@ -155,11 +155,11 @@ def hf_to_megatron(
     """
     rows = vocab_rows or arch.vocab_size
     out = {
-        "embedding.word_embeddings.weight": _pad_rows(hf["model.embed_tokens.weight"], rows),
+        "embedding.word_embeddings.weight": pad_rows(hf["model.embed_tokens.weight"], rows),
         "decoder.final_layernorm.weight": hf["model.norm.weight"],
     }
     if not arch.tied:
-        out["output_layer.weight"] = _pad_rows(hf["lm_head.weight"], rows)
+        out["output_layer.weight"] = pad_rows(hf["lm_head.weight"], rows)
     for i in range(arch.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         renames = _RENAMES + (_QK_NORMS if arch.qk_norm else ())

@@ -9,8 +9,9 @@ Megatron code runs (:func:`megatron_device`), uses the no-op inference RNG track
 explicit mask. None of it happens when CUDA exists.
 
 Under ``torchrun`` the process group comes from the environment (NCCL on GPUs, gloo
-on CPUs, where tensor parallelism works too) and the tensor-parallel size from the
-config; alone (no ``WORLD_SIZE``) a trainer is world size 1 on ``127.0.0.1``.
+on CPUs, where tensor and data parallelism work too), the tensor-parallel size from
+the config, and the ranks left over are data-parallel replicas; alone (no
+``WORLD_SIZE``) a trainer is world size 1 on ``127.0.0.1``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
+def initialize(tensor_parallel: int, pipeline_parallel: int,
+               timeout_minutes: int = 10) -> torch.device:
     """Process group + Megatron's model-parallel groups; returns this rank's device.
 
     Idempotent within a process: a second backend (a KL reference, a test) reuses the
@@ -85,10 +87,10 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0
             )
-    if dist.get_world_size() != tensor_parallel:
+    if dist.get_world_size() % tensor_parallel:
         raise ValueError(
-            f"world size {dist.get_world_size()} != trainer.tensor_model_parallel_size="
-            f"{tensor_parallel}: one trainer is one model replica (no data parallelism)"
+            f"world size {dist.get_world_size()} is not a multiple of "
+            f"trainer.tensor_model_parallel_size={tensor_parallel}"
         )
     if parallel_state.model_parallel_is_initialized():
         have = (
@@ -102,6 +104,7 @@ def initialize(tensor_parallel: int, pipeline_parallel: int) -> torch.device:
             )
     else:
         with megatron_device():
-            parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+            parallel_state.initialize_model_parallel(
+                tensor_parallel, pipeline_parallel, distributed_timeout_minutes=timeout_minutes)
             model_parallel_cuda_manual_seed(_RNG_SEED, inference_rng_tracker=cpu_mode())
     return torch.device("cpu") if cpu_mode() else torch.device("cuda", torch.cuda.current_device())

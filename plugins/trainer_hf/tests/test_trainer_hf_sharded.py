@@ -1,0 +1,24 @@
+"""``trainer=hf`` sharded with FSDP2 over two gloo ranks trains like one process."""
+
+from pathlib import Path
+
+import pytest
+
+from astraflow.testing.trainer import check_ranks_match_one_process
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_match_one_process(tiny_model_dir: str, tmp_path: Path) -> None:
+    check_ranks_match_one_process("hf", tiny_model_dir, tmp_path, {"world_size": 2})
+
+
+@pytest.mark.slow
+def test_fsdp_m2po_micro_batched_with_tied_embeddings(tmp_path: Path) -> None:
+    """M2PO's bounds are the whole batch's though each rank sees half of it; replicas
+    with fewer micro-batches still meet the others' collectives; tied weights are
+    published once."""
+    from astraflow.testing.models import make_chat_model
+
+    model = make_chat_model(tmp_path / "qwen2", arch="qwen2")
+    check_ranks_match_one_process("hf", model, tmp_path / "run", {
+        "world_size": 2, "loss": "m2po", "m2po_tau": 1e-6, "micro_batch_size": 3})
