@@ -87,6 +87,9 @@ class AstraFlowConfig:
     min_nodes: int = 1
     max_nodes: int = 4
     node_concurrency: int = 16  # tasks in flight per RaaS node
+    #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
+    #: with its step, so a step can be replayed offline (large: for debugging)
+    record_batches: bool = False
     policies: dict[str, PolicyConfig] = field(default_factory=lambda: {"policy": PolicyConfig()})
     model: ModelConfig = field(default_factory=ModelConfig)
     dataflow: DataflowConfig = field(default_factory=DataflowConfig)

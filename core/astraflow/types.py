@@ -103,6 +103,15 @@ class Batch:
     trainer_version: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Batch:
+        items = [TrainItem(Trajectory.from_dict(i["trajectory"]), i["advantage"])
+                 for i in data["items"]]
+        return cls(**{**data, "items": items})
+
 
 @dataclass
 class GenerationRequest:

@@ -27,7 +27,9 @@ def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_pa
                # next weights, and a rollout takes half a second: once both nodes are
                # up, one cannot lease the whole iteration before the other asks
                "mode=sync", "+raas=sim", "raas.generation_seconds=0.5",
-               "node_concurrency=1")
+               "node_concurrency=1",
+               # the trainer is a group of two ranks in its actor (torchrun, gloo)
+               "trainer.world_size=2")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train = [r for r in rows if r["kind"] == "train"]
     assert len(train) == 6
@@ -38,6 +40,8 @@ def test_two_pools_pinned_to_two_ray_nodes_both_feed_the_trainer(cluster, tmp_pa
     # removed those directories once the run ended well
     assert (run_dir / "final" / "policy" / "config.json").exists()
     assert "registered as raas-a-0" in (run_dir / "logs" / "raas-a-0.log").read_text()
+    trainer_log = (run_dir / "logs" / "trainer-policy.log").read_text()
+    assert "trainer rank 1 of 2: following rank 0" in trainer_log
     assert not (run_dir / "store").exists() and not (run_dir / "checkpoints").exists()
     assert list(machines.iterdir()) == []
     # where nodes from outside the cluster join (astraflow raas --connect URL)

@@ -138,3 +138,17 @@ def test_a_mistyped_launcher_setting_is_named(tmp_path, override, said):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert said in proc.stderr.strip().splitlines()[0], proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["+trainer=megatron", "trainer.world_size=3", "trainer.tensor_model_parallel_size=2"],
+     "trainer.world_size=3 is not a multiple of tensor_model_parallel_size x "
+     "pipeline_model_parallel_size = 2"),
+    (["trainer.world_size=2", "trainer.tensor_model_parallel_size=2"],
+     "trainer=hf shards by data parallelism (FSDP2) only"),
+    (["trainer.cpu_offload=true"], "trainer.cpu_offload=true offloads FSDP2 shards"),
+])
+def test_a_trainer_layout_that_cannot_be_is_refused_before_anything_starts(tmp_path,
+                                                                           overrides, said):
+    line = refused(launch(tmp_path, *overrides), tmp_path)
+    assert said in line, line

@@ -29,7 +29,10 @@ def check_backends(cfg: DictConfig) -> None:
         factory = registry.get(kind, conf.name).load()
         check = getattr(factory, "check_config", None)
         if callable(check):
-            check(conf)
+            try:
+                check(conf)
+            except ValueError as exc:  # a backend says what is wrong; no traceback for it
+                raise ConfigError(str(exc)) from None
 
 
 def _absolute(value: Any, key: str) -> Any:

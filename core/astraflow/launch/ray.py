@@ -336,6 +336,9 @@ class RayRun(LocalRun):
         if "--metrics" in args:
             local = Path(args[args.index("--metrics") + 1])
             out.append((str(local.relative_to(self.run_dir)), local))
+            if child.name.startswith("trainer-") and self.cfg.get("record_batches"):
+                local = local.with_name(f"batches-{child.name.removeprefix('trainer-')}.jsonl")
+                out.append((str(local.relative_to(self.run_dir)), local))
         return out
 
     def copy(self, child: Child, remote: str, local: Path, offset: int = 0, *,

@@ -24,21 +24,15 @@ from omegaconf import OmegaConf
 
 from astraflow.plugins import get_registry
 from astraflow.trainer.ranks import Leader, follow, init
-from astraflow.types import Batch, TrainItem, Trajectory
+from astraflow.types import Batch
 
 
 def read_batch(path: Path) -> Batch:
-    data = json.loads(path.read_text())
-    items = [TrainItem(Trajectory.from_dict(i["trajectory"]), i["advantage"])
-             for i in data["items"]]
-    return Batch(batch_id=data["batch_id"], policy=data["policy"], items=items)
+    return Batch.from_dict(json.loads(path.read_text()))
 
 
 def write_batch(batch: Batch, path: Path) -> None:
-    path.write_text(json.dumps({
-        "batch_id": batch.batch_id, "policy": batch.policy,
-        "items": [{"trajectory": i.trajectory.to_dict(), "advantage": i.advantage}
-                  for i in batch.items]}))
+    path.write_text(json.dumps(batch.to_dict()))
 
 
 def main(backend_name: str, model_dir: str, out_dir: str, settings: str) -> None:

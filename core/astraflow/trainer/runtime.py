@@ -157,6 +157,9 @@ class TrainerRuntime:
                 t0 = time.time()
                 continue
             t1 = time.time()
+            if self.cfg.get("record_batches"):
+                with self.metrics_path.with_name(f"batches-{self.policy}.jsonl").open("a") as fh:
+                    fh.write(json.dumps({"step": self.step + 1, **batch.to_dict()}) + "\n")
             metrics = self.call("train_step", batch)
             self.version += 1
             self.step += 1
