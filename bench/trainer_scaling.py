@@ -10,9 +10,11 @@ problems with their answers, mixed advantages) for a few warm-up steps and then
 - ``megatron``: one process, then two data-parallel replicas, then tensor parallelism
   over two ranks.
 
-On a machine with two CPU cores, two ranks share the cores the single process had to
-itself (each rank runs one torch thread, as under ``make test``): the ratios show the
-cost of sharding and of the collectives, not a speed-up, which needs a device per rank.
+Every process runs one torch thread (as under ``make test``), so on two CPU cores two
+ranks use both cores where one process used one: a ratio mixes that with the cost of
+sharding and of the collectives (FSDP2 gathers and reduces every layer's tensors each
+micro-batch, which on a tiny model outweighs the halved work). It says what the
+machinery costs, not what a GPU per rank would gain.
 
 Prints the table and writes ``bench/results/trainer_scaling.json``.
 """
@@ -124,8 +126,8 @@ def main() -> None:
                          "ratio_to_one_process": ratio})
             print(f"  {backend_name:9s} {label:10s} {got['step_seconds'] * 1000:8.1f} ms/step "
                   f"  x{ratio:.2f} of one process")
-    print("  (2 cores: the ranks share them, so this is the overhead of sharding and of the "
-          "collectives, not a speed-up)")
+    print("  (one torch thread per process on 2 cores: two ranks also get a second core, so "
+          "this is the cost of the machinery, not a GPU speed-up)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "steps": args.steps,
                                    "rows": rows}, indent=2) + "\n")
