@@ -86,6 +86,9 @@ class HFTrainerBackend(PolicyGradientBackend):
         if config.cpu_offload and dp == 1:
             raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
                              "trainer.world_size > 1")
+        if config.cpu_offload and config.device == "cpu":
+            raise ValueError("trainer.cpu_offload=true moves FSDP2 shards off GPUs: it needs "
+                             "a CUDA device, not trainer.device=cpu")
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
@@ -97,6 +100,9 @@ class HFTrainerBackend(PolicyGradientBackend):
         if self.sharded:
             self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.device = resolve_device(config.device, self.sharded)
+        if config.cpu_offload and self.device.type != "cuda":
+            raise ValueError("trainer.cpu_offload=true moves FSDP2 shards off GPUs: torch "
+                             "sees no CUDA device here")
         self.autocast = config.mixed_precision == "bfloat16" and not self.sharded
         self.model = self._prepare(_load_model(model_path, self.dtype, self.device).train())
         self.reference = None
