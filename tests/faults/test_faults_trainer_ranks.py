@@ -37,6 +37,8 @@ LAYOUTS = {
     "megatron-tp2": ["+trainer=megatron", "trainer.world_size=2",
                      "trainer.tensor_model_parallel_size=2"],
     "megatron-dp2": ["+trainer=megatron", "trainer.world_size=2"],
+    "megatron-pp2": ["+trainer=megatron", "trainer.world_size=2",
+                     "trainer.pipeline_model_parallel_size=2"],
 }
 
 
@@ -51,6 +53,7 @@ def _one_process_step(run_dir: Path, model_dir: str) -> dict[str, float]:
     cfg = OmegaConf.load(run_dir / "config.yaml")
     settings = trainer_settings(cfg, "policy")
     settings.world_size, settings.tensor_model_parallel_size = 1, 1
+    settings.pipeline_model_parallel_size = 1
     first = json.loads((run_dir / "metrics" / "batches-policy.jsonl").open().readline())
     assert first.pop("step") == 1
     backend = get_registry().get("trainer_backend", settings.name).create(settings, model_dir)

@@ -16,6 +16,11 @@ the replicas, so a step equals the single-process step on the same batch; metric
 summed over the replicas too, and M2PO's bounds are the whole batch's. Every replica
 runs the same number of micro-batches (an empty one if its share is short), so the
 collectives of a sharded model always meet.
+
+A pipeline-parallel subclass returns no logits (``None``) from ``logits`` on every stage
+but the last: there the forward pass only hands its activations on, ``backward(None)``
+waits for their gradient from the next stage, and ``_from_last_stage`` brings the
+metrics and log-probs computed by the last stage back to every stage.
 """
 
 from __future__ import annotations
@@ -123,6 +128,10 @@ class PolicyGradientBackend(TrainerBackend):
     def reduce_gradients(self) -> None:
         """Make every replica's gradients the sum over replicas (after the last backward)."""
 
+    def _from_last_stage(self, values: list[float]) -> list[float]:
+        """What the last pipeline stage computed, on every stage (no pipeline: as is)."""
+        return values
+
     def _micro_batches(self, items: list[TrainItem]) -> list[MicroBatch]:
         return micro_batches(items, self.config.micro_batch_size, self.pad_token_id,
                              self.device)
@@ -158,12 +167,15 @@ class PolicyGradientBackend(TrainerBackend):
         totals = dict.fromkeys(("loss", "clipped", "ratio", "kl", "entropy", "logp_diff"), 0.0)
         for micro in micros:
             logits = self.logits(self.model, micro.tokens)
-            logp = token_logprobs(logits, micro.tokens)
-            ref_logp = None
+            ref_logits = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref_logp = token_logprobs(self.logits(self.reference, micro.tokens),
-                                              micro.tokens)
+                    ref_logits = self.logits(self.reference, micro.tokens)
+            if logits is None:  # an earlier pipeline stage: the loss is the last stage's
+                self.backward(None)
+                continue
+            logp = token_logprobs(logits, micro.tokens)
+            ref_logp = None if ref_logits is None else token_logprobs(ref_logits, micro.tokens)
             out = policy_loss(logp, micro.old_logp, micro.advantages, micro.mask, clip=clip,
                               ref_logp=ref_logp, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
             self.backward(out.loss)
@@ -175,7 +187,8 @@ class PolicyGradientBackend(TrainerBackend):
             diff = (logp.detach() - micro.old_logp).abs() * micro.mask
             totals["logp_diff"] += float(diff.sum())
         self.reduce_gradients()
-        totals = dict(zip(totals, self._sum(list(totals.values())), strict=True))
+        totals = dict(zip(totals, self._from_last_stage(self._sum(list(totals.values()))),
+                          strict=True))
         grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         lr = lr_at(cfg, self.step)
         for group in self.optimizer.param_groups:
@@ -209,16 +222,23 @@ class PolicyGradientBackend(TrainerBackend):
         logps, olds, advs, masks = [], [], [], []
         with torch.no_grad():
             for micro in micros:
-                logp = token_logprobs(self.logits(self.model, micro.tokens), micro.tokens)
+                logits = self.logits(self.model, micro.tokens)
+                if logits is None:  # an earlier pipeline stage: the clip is the last's
+                    continue
+                logp = token_logprobs(logits, micro.tokens)
                 logps.append(logp.flatten())
                 olds.append(micro.old_logp.flatten())
                 advs.append(micro.advantages.expand_as(logp).flatten())
                 masks.append(micro.mask.flatten())
-        tensors = [torch.cat(t) for t in (logps, olds, advs, masks)]
-        if self.dp_size > 1:  # the bounds are the whole batch's: gather its trained tokens
-            trained = tensors[3].bool()
-            tensors = [self._gather(t[trained].double()) for t in tensors]
-        return m2po_clip(*tensors, tau=self.config.m2po_tau)
+        clip = None
+        if logps:
+            tensors = [torch.cat(t) for t in (logps, olds, advs, masks)]
+            if self.dp_size > 1:  # the bounds are the whole batch's: gather its tokens
+                trained = tensors[3].bool()
+                tensors = [self._gather(t[trained].double()) for t in tensors]
+            clip = m2po_clip(*tensors, tau=self.config.m2po_tau)
+        active, low, high = self._from_last_stage([1.0, *clip] if clip else [0.0, 0.0, 0.0])
+        return (low, high) if active else None
 
     def _gather(self, values: torch.Tensor) -> torch.Tensor:
         """A 1-D tensor of any length per replica, concatenated in replica order."""
@@ -236,7 +256,18 @@ class PolicyGradientBackend(TrainerBackend):
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> list[list[float]]:
         out: list[list[float]] = []
+        lengths = []
         for micro in self._micro_batches(batch.items):
-            logp = token_logprobs(self.logits(self.model, micro.tokens), micro.tokens)
+            lengths += micro.lengths
+            logits = self.logits(self.model, micro.tokens)
+            if logits is None:  # an earlier pipeline stage
+                continue
+            logp = token_logprobs(logits, micro.tokens)
             out += [row[:n] for row, n in zip(logp.tolist(), micro.lengths, strict=True)]
-        return out
+        flat = self._from_last_stage([x for row in out for x in row]
+                                     if out else [0.0] * sum(lengths))
+        rows, start = [], 0
+        for n in lengths:
+            rows.append(flat[start : start + n])
+            start += n
+        return rows

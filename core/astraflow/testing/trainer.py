@@ -295,6 +295,7 @@ def check_ranks_match_one_process(backend_name: str, model_dir: str, out: Path,
     entry = get_registry().get("trainer_backend", backend_name)
     single_settings = {k: v for k, v in settings.items()
                        if k not in ("world_size", "tensor_model_parallel_size",
+                                    "pipeline_model_parallel_size",
                                     "data_parallel_size", "cpu_offload")}
     config = OmegaConf.merge(OmegaConf.structured(entry.config_cls), single_settings)
     single = entry.create(config, model_dir)

@@ -14,8 +14,9 @@ class MegatronConfig(PolicyGradientOptions):
     """Settings of ``trainer=megatron``: the shared optimisation and parallel settings.
 
     ``world_size`` ranks split into tensor-parallel groups of
-    ``tensor_model_parallel_size`` and data-parallel replicas; on CUDA GPUs with NCCL,
-    without CUDA on CPUs with gloo. Pipeline stages are not driven yet (use 1).
+    ``tensor_model_parallel_size``, ``pipeline_model_parallel_size`` stages of equal
+    numbers of layers, and data-parallel replicas; on CUDA GPUs with NCCL, without CUDA
+    on CPUs with gloo.
     """
 
     name: str = "megatron"

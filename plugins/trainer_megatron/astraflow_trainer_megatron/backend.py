@@ -13,16 +13,23 @@ optimiser and its DDP wrapper need CUDA. With data parallelism (``world_size`` a
 gradients are summed over the replicas by one all-reduce per step. Exports and
 ``save_pretrained`` gather the full tensors within a tensor-parallel group.
 
-Checkpoints hold tensors in safetensors (Megatron names, one file per tensor-parallel
-rank, written by the first replica) and everything else in JSON: nothing is pickled.
-A checkpoint saved at one tensor-parallel size loads at another (the shards are
-joined and split again), and at any number of replicas.
+With pipeline stages (``pipeline_model_parallel_size``) each rank builds its stage's
+layers; a micro-batch's activations go forward stage by stage and their gradients come
+back (one micro-batch at a time: stages split the memory, not the time), and the last
+stage's metrics and log-probs are broadcast to the others.
+
+Checkpoints hold tensors in safetensors (whole-model Megatron names, one file per
+tensor-parallel rank and stage, written by the first replica) and everything else in
+JSON: nothing is pickled. A checkpoint saved at one layout loads at another (the
+shards are joined and split again), and at any number of replicas.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -30,7 +37,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 from astraflow.text import copy_tokenizer_files
@@ -42,6 +50,7 @@ with warnings.catch_warnings():
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from astraflow_trainer_megatron import convert, parallel
 
@@ -70,6 +79,8 @@ def _build_model(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=_tp_size(),
+        pipeline_model_parallel_size=_pp_size(),
+        pipeline_dtype=dtype,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=device.type == "cpu",
@@ -82,9 +93,13 @@ def _build_model(
             vocab_size=vocab_rows,
             max_sequence_length=arch.max_positions,
             parallel_output=False,  # full-vocabulary logits on every rank
-            share_embeddings_and_output_weights=arch.tied,
+            # over pipeline stages the last stage's output layer is a tensor of its own,
+            # loaded from the embedding and kept equal to it by summing their gradients
+            share_embeddings_and_output_weights=arch.tied and _pp_size() == 1,
             position_embedding_type="rope",
             rotary_base=arch.rope_theta,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
         )
     return model
 
@@ -97,6 +112,17 @@ def _tp_rank() -> int:
     return parallel_state.get_tensor_model_parallel_rank()
 
 
+def _pp_size() -> int:
+    return parallel_state.get_pipeline_model_parallel_world_size()
+
+
+def _pp_rank() -> int:
+    return parallel_state.get_pipeline_model_parallel_rank()
+
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
 class MegatronTrainerBackend(PolicyGradientBackend):
     """PPO-clip / GRPO or M2PO over Megatron-core's GPT, on CPU or CUDA GPUs."""
 
@@ -107,6 +133,11 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
         self.arch = convert.Architecture.from_hf(model_path)
+        if self.arch.num_layers % config.pipeline_model_parallel_size:
+            raise ValueError(
+                f"{model_path} has {self.arch.num_layers} layers: not divisible into "
+                f"trainer.pipeline_model_parallel_size={config.pipeline_model_parallel_size} "
+                "equal stages")
         self.device = parallel.initialize(
             config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
             max(1, math.ceil(config.collective_timeout / 60)),
@@ -114,6 +145,10 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.first_stage = parallel_state.is_pipeline_first_stage()
+        self.last_stage = parallel_state.is_pipeline_last_stage()
+        #: a pipeline stage's pending micro-batch: its output and its input activations
+        self._stage: tuple[torch.Tensor, torch.Tensor | None] | None = None
         hf_weights = convert.read_hf_weights(model_path)
         self.model = self._load(hf_weights).train()
         self.reference = None
@@ -129,13 +164,55 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         )
         self.step = 0
 
+    # -- pipeline stages: parameter names, and activations between stages ---------------
+
+    def _global(self, name: str) -> str:
+        """A parameter's name in the whole model: this stage's layers renumbered."""
+        match = _LAYER.match(name)
+        if match is None:
+            return name
+        return f"decoder.layers.{int(match[1]) + self.layer_offset}.{name[match.end():]}"
+
+    def _local(self, name: str) -> str | None:
+        """A whole-model name as this stage calls it (None: another stage's)."""
+        match = _LAYER.match(name)
+        if match is None:
+            return name
+        local = int(match[1]) - self.layer_offset
+        if not 0 <= local < self.num_local_layers:
+            return None
+        return f"decoder.layers.{local}.{name[match.end():]}"
+
+    def _pp_peer(self, stage: int) -> int:
+        return dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())[
+            stage]
+
+    def _from_last_stage(self, values: list[float]) -> list[float]:
+        if _pp_size() == 1:
+            return values
+        flat = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.broadcast(flat, self._pp_peer(_pp_size() - 1),
+                       group=parallel_state.get_pipeline_model_parallel_group())
+        return flat.tolist()
+
     def _load(self, hf_weights: dict[str, torch.Tensor]) -> Any:
         rank, size = _tp_rank(), _tp_size()
         vocab_rows = convert.padded_vocab_size(self.arch.vocab_size, size)
         model = _build_model(self.arch, vocab_rows, self.dtype, self.device)
+        self.layer_offset = get_transformer_layer_offset(model.config)
+        self.num_local_layers = len(model.decoder.layers)
         full = convert.hf_to_megatron(hf_weights, self.arch, vocab_rows)
-        state = {name: convert.shard(name, t, rank, size) for name, t in full.items()}
+        if self.arch.tied and not self.first_stage:
+            # the last stage's output layer is the first stage's embedding, kept in step
+            # by summing their gradients (reduce_gradients)
+            full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
         params = dict(model.named_parameters())
+        state = {}
+        for name, tensor in full.items():
+            local = self._local(name)
+            # another stage's layer, or the embedding / output layer of another stage
+            if local is not None and (_pp_size() == 1 or local in params):
+                state[local] = convert.shard(name, tensor, rank, size)
         if state.keys() != params.keys():
             raise ValueError(
                 f"{self.model_path}: checkpoint and Megatron model disagree on "
@@ -163,16 +240,47 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         width = tokens.shape[1]
         positions = torch.arange(width, device=self.device).expand_as(tokens)
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).triu(1)
+        hidden_in = None
+        if not self.first_stage:  # the previous stage's activations, [T, b, hidden]
+            hidden_in = torch.empty(width, tokens.shape[0], self.arch.hidden_size,
+                                    dtype=self.dtype, device=self.device)
+            dist.recv(hidden_in, self._pp_peer(_pp_rank() - 1))
+            hidden_in.requires_grad_(torch.is_grad_enabled())
+            model.set_input_tensor(hidden_in)
         with parallel.megatron_device():
-            logits = model(tokens, positions, causal[None, None])
-        return logits[..., : self.arch.vocab_size]
+            out = model(tokens, positions, causal[None, None])
+        if model is self.model and torch.is_grad_enabled():
+            self._stage = (out, hidden_in)
+        if not self.last_stage:
+            dist.send(out.detach().contiguous(), self._pp_peer(_pp_rank() + 1))
+            return None
+        return out[..., : self.arch.vocab_size]
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor | None) -> None:
+        """Backward through this stage: from the loss on the last stage, else from the
+        gradient the next stage sends back; then the input's gradient goes to the
+        previous stage."""
+        out, hidden_in = self._stage if self._stage is not None else (None, None)
+        self._stage = None
         with parallel.megatron_device():
-            loss.backward()
+            if loss is not None:
+                loss.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, self._pp_peer(_pp_rank() + 1))
+                out.backward(grad)
+        if hidden_in is not None:
+            dist.send(hidden_in.grad.contiguous(), self._pp_peer(_pp_rank() - 1))
 
     def reduce_gradients(self) -> None:
-        """One all-reduce over the replicas for every gradient, flattened together."""
+        """One all-reduce over the replicas for every gradient, flattened together; with
+        tied embeddings over pipeline stages, the first stage's embedding and the last
+        stage's output layer (one tensor of the model) sum their gradients."""
+        if self.arch.tied and _pp_size() > 1 and (self.first_stage or self.last_stage):
+            shared = dict(self.model.named_parameters())[
+                "embedding.word_embeddings.weight" if self.first_stage
+                else "output_layer.weight"]
+            dist.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
         if self.dp_size == 1:
             return
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -185,16 +293,25 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         """``clip_grad_norm_`` over the whole model, whichever rank holds which shard.
 
         Replicated parameters (norms) count once; sharded ones add their squares
-        across tensor-parallel ranks.
+        across tensor-parallel ranks, and pipeline stages add theirs (a tied output
+        layer is the first stage's embedding: counted there).
         """
-        if _tp_size() == 1:
+        if _tp_size() == 1 and _pp_size() == 1:
             return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         grads = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-        sharded = sum(g.float().pow(2).sum() for n, g in grads if convert.split_dim(n) is not None)
-        replicated = sum(g.float().pow(2).sum() for n, g in grads if convert.split_dim(n) is None)
-        sharded = torch.as_tensor(sharded, device=self.device)
-        dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
-        norm = float((sharded + replicated).sqrt())
+        counted = [(n, g) for n, g in grads if not (
+            self.arch.tied and n == "output_layer.weight" and not self.first_stage)]
+        zero = torch.zeros((), device=self.device)
+        sharded = sum((g.float().pow(2).sum() for n, g in counted
+                       if convert.split_dim(n) is not None), zero)
+        replicated = sum((g.float().pow(2).sum() for n, g in counted
+                          if convert.split_dim(n) is None), zero)
+        if _tp_size() > 1:
+            dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
+        total = sharded + replicated
+        if _pp_size() > 1:
+            dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+        norm = float(total.sqrt())
         scale = max_norm / (norm + 1e-6)
         if scale < 1.0:
             for _, g in grads:
@@ -202,25 +319,55 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         return norm
 
     def _full_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter whole (gathered across tensor-parallel ranks), Megatron names."""
+        """Every parameter whole, by whole-model Megatron names: gathered across
+        tensor-parallel ranks, then from every pipeline stage onto the first (the other
+        stages get an empty dict)."""
         params = {name: p.detach() for name, p in self.model.named_parameters()}
         size = _tp_size()
-        if size == 1:
-            return params
-        group = parallel_state.get_tensor_model_parallel_group()
         full = {}
+        group = parallel_state.get_tensor_model_parallel_group()
         for name, tensor in params.items():
-            if convert.split_dim(name) is None:
-                full[name] = tensor
+            if size == 1 or convert.split_dim(name) is None:
+                full[self._global(name)] = tensor
                 continue
             parts = [torch.empty_like(tensor) for _ in range(size)]
             dist.all_gather(parts, tensor.contiguous(), group=group)
-            full[name] = convert.unshard(name, parts)
-        return full
+            full[self._global(name)] = convert.unshard(name, parts)
+        if self.arch.tied and _pp_size() > 1:
+            full.pop("output_layer.weight", None)  # the first stage's embedding
+        return self._gather_stages(full)
+
+    def _gather_stages(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each later pipeline stage sends its tensors (names first, as JSON) to the first."""
+        if _pp_size() == 1:
+            return state
+        if not self.first_stage:
+            meta = json.dumps([[n, list(t.shape)] for n, t in state.items()]).encode()
+            first = self._pp_peer(0)
+            dist.send(torch.tensor([len(meta)], dtype=torch.int64, device=self.device), first)
+            dist.send(torch.tensor(list(meta), dtype=torch.uint8, device=self.device), first)
+            for tensor in state.values():
+                dist.send(tensor.contiguous(), first)
+            return {}
+        out = dict(state)
+        for stage in range(1, _pp_size()):
+            peer = self._pp_peer(stage)
+            size = torch.zeros(1, dtype=torch.int64, device=self.device)
+            dist.recv(size, peer)
+            raw = torch.empty(int(size), dtype=torch.uint8, device=self.device)
+            dist.recv(raw, peer)
+            for name, shape in json.loads(bytes(raw.tolist())):
+                out[name] = torch.empty(shape, dtype=self.dtype, device=self.device)
+                dist.recv(out[name], peer)
+        return out
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """A snapshot (CPU copies) by Hugging Face names in ``export_dtype``."""
-        hf = convert.megatron_to_hf(self._full_state(), self.arch)
+        """A snapshot (CPU copies) by Hugging Face names in ``export_dtype`` (on the
+        first pipeline stage; the other stages get an empty dict)."""
+        full = self._full_state()
+        if not full:
+            return {}
+        hf = convert.megatron_to_hf(full, self.arch)
         if self.arch.tied:  # stored once, as in the checkpoint: engines re-tie it
             del hf["lm_head.weight"]
         return {
@@ -230,11 +377,14 @@ class MegatronTrainerBackend(PolicyGradientBackend):
 
     # -- persistence ---------------------------------------------------------------
 
-    def _shard_file(self, kind: str) -> str:
-        return f"{kind}.safetensors" if _tp_size() == 1 else f"{kind}-tp{_tp_rank()}.safetensors"
+    @staticmethod
+    def _shard_file(kind: str, tp_rank: int, pp_rank: int, tp: int, pp: int) -> str:
+        return (f"{kind}{f'-tp{tp_rank}' if tp > 1 else ''}{f'-pp{pp_rank}' if pp > 1 else ''}"
+                ".safetensors")
 
     def save_checkpoint(self, path: str) -> None:
-        """Parameters and AdamW moments as safetensors; step and hyperparameters as JSON.
+        """Parameters and AdamW moments as safetensors, by whole-model names, one file
+        per tensor-parallel rank and pipeline stage; step and hyperparameters as JSON.
 
         ``trainer_state.json`` is written last, so its presence marks a whole checkpoint.
         """
@@ -244,17 +394,16 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         if self.dp_rank != 0:  # the replicas hold the same numbers
             dist.barrier()
             return
-        save_file(
-            {k: v.detach().contiguous() for k, v in params.items()},
-            str(out / self._shard_file("model")),
-        )
-        names = {id(p): name for name, p in params.items()}
+        mine = self._shard_file("{}", _tp_rank(), _pp_rank(), _tp_size(), _pp_size())
+        save_file({self._global(k): v.detach().contiguous() for k, v in params.items()},
+                  str(out / mine.format("model")))
+        names = {id(p): self._global(name) for name, p in params.items()}
         moments = {
             f"{names[id(param)]}::{key}": value.detach().contiguous()
             for param, state in self.optimizer.state.items()
             for key, value in state.items()
         }
-        save_file(moments, str(out / self._shard_file("optimizer")))
+        save_file(moments, str(out / mine.format("optimizer")))
         if dist.get_world_size() > 1:
             dist.barrier()
         if dist.get_rank() == 0:
@@ -267,11 +416,14 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                 "step": self.step,
                 "dtype": self.config.dtype,
                 "tensor_model_parallel_size": _tp_size(),
+                "pipeline_model_parallel_size": _pp_size(),
                 "param_groups": groups,
             }
             (out / _STATE_FILE).write_text(json.dumps(state, indent=2))
 
     def load_checkpoint(self, path: str) -> None:
+        """What :meth:`save_checkpoint` wrote, at whatever tensor-parallel size, pipeline
+        stages and replicas it was saved with."""
         src = Path(path)
         state_path = src / _STATE_FILE
         if not state_path.exists():
@@ -282,12 +434,17 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         if state["dtype"] != self.config.dtype:
             raise ValueError(f"{src} was saved with dtype={state['dtype']!r}, this trainer "
                              f"has {self.config.dtype!r}")
+        layout = (state["tensor_model_parallel_size"],
+                  state.get("pipeline_model_parallel_size", 1))
         params = dict(self.model.named_parameters())
-        saved = self._read_shards(src, "model", state["tensor_model_parallel_size"])
+        saved = self._read_shards(src, "model", *layout)
+        missing = sorted(set(params) - set(saved))
+        if missing:
+            raise ValueError(f"{src} lacks {missing[:3]}: not a checkpoint of this model")
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(saved[name])
-        moments = self._read_shards(src, "optimizer", state["tensor_model_parallel_size"])
+        moments = self._read_shards(src, "optimizer", *layout)
         index = {name: i for i, name in enumerate(params)}
         per_param: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in moments.items():
@@ -301,28 +458,45 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
         self.step = int(state["step"])
 
-    def _read_shards(self, src: Path, kind: str, saved_tp: int) -> dict[str, torch.Tensor]:
-        """This rank's part of every tensor in ``kind`` files saved at ``saved_tp`` ranks.
+    def _read_shards(self, src: Path, kind: str, saved_tp: int,
+                     saved_pp: int) -> dict[str, torch.Tensor]:
+        """This rank's part of each tensor of ``kind`` that its stage holds, by this
+        stage's names, from files saved at ``saved_tp`` x ``saved_pp`` ranks.
 
-        At another tensor-parallel size each tensor is joined from the saved parts and
-        split again; the vocabulary rows are padded anew for this size.
+        A tensor is joined from its tensor-parallel parts and split again for this size
+        (vocabulary rows padded anew); a tied output layer on a later stage is read
+        from the embedding when the checkpoint has no stage that held it apart.
         """
-        if saved_tp == _tp_size():
-            return load_file(str(src / self._shard_file(kind)), device=str(self.device))
-        names = [f"{kind}.safetensors"] if saved_tp == 1 else [
-            f"{kind}-tp{r}.safetensors" for r in range(saved_tp)]
-        parts = [load_file(str(src / name)) for name in names]
-        rows = convert.padded_vocab_size(self.arch.vocab_size, _tp_size())
-        out = {}
-        for key in parts[0]:
-            name = key.partition("::")[0]
-            if parts[0][key].dim() == 0:  # an optimiser's step count
-                out[key] = parts[0][key].to(self.device)
-                continue
-            full = convert.unshard(name, [p[key] for p in parts])
-            if name.endswith(("word_embeddings.weight", "output_layer.weight")):
-                full = convert.pad_rows(full[: self.arch.vocab_size], rows)
-            out[key] = convert.shard(name, full, _tp_rank(), _tp_size()).to(self.device)
+        params = dict(self.model.named_parameters())
+        index: dict[str, list[Any]] = {}
+        with contextlib.ExitStack() as stack:
+            for pp_rank in range(saved_pp):
+                handles = [stack.enter_context(safe_open(
+                    str(src / self._shard_file(kind, tp_rank, pp_rank, saved_tp, saved_pp)),
+                    framework="pt")) for tp_rank in range(saved_tp)]
+                for key in handles[0].keys():  # noqa: SIM118 (a safetensors handle)
+                    index[key] = handles
+            rows = convert.padded_vocab_size(self.arch.vocab_size, _tp_size())
+            out = {}
+            for key, handles in index.items():
+                name, sep, slot = key.partition("::")
+                targets = [self._local(name)]
+                tied_output = "output_layer.weight" + sep + slot
+                if (name == "embedding.word_embeddings.weight" and self.arch.tied
+                        and "output_layer.weight" in params and tied_output not in index):
+                    targets.append("output_layer.weight")
+                for target in targets:
+                    if target not in params:
+                        continue
+                    parts = [h.get_tensor(key) for h in handles]
+                    if parts[0].dim() == 0:  # an optimiser's step count
+                        out[target + sep + slot] = parts[0].to(self.device)
+                        continue
+                    full = convert.unshard(name, parts)
+                    if name.endswith(("word_embeddings.weight", "output_layer.weight")):
+                        full = convert.pad_rows(full[: self.arch.vocab_size], rows)
+                    out[target + sep + slot] = convert.shard(
+                        target, full, _tp_rank(), _tp_size()).to(self.device)
         return out
 
     def save_pretrained(self, path: str) -> None:
@@ -331,9 +505,10 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         The config is copied unchanged except ``dtype``, so ``transformers`` rebuilds
         exactly the architecture the weights were loaded from.
         """
-        hf = convert.megatron_to_hf(self._full_state(), self.arch)
+        full = self._full_state()
         if dist.get_rank() != 0:
             return
+        hf = convert.megatron_to_hf(full, self.arch)
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(self.model_path) / "config.json", out / "config.json")

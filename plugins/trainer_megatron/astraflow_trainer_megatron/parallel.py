@@ -67,15 +67,12 @@ def initialize(tensor_parallel: int, pipeline_parallel: int,
     Idempotent within a process: a second backend (a KL reference, a test) reuses the
     groups when the sizes agree and is refused when they do not.
     """
-    if pipeline_parallel != 1:
+    if tensor_parallel * pipeline_parallel != 1 and "WORLD_SIZE" not in os.environ:
         raise ValueError(
-            f"trainer.pipeline_model_parallel_size={pipeline_parallel}: pipeline stages need "
-            "Megatron's pipeline schedules, which this backend does not drive yet; use 1"
-        )
-    if tensor_parallel != 1 and "WORLD_SIZE" not in os.environ:
-        raise ValueError(
-            f"trainer.tensor_model_parallel_size={tensor_parallel} needs one process per rank: "
-            f"start the trainer with torchrun --nproc-per-node {tensor_parallel}"
+            f"trainer.tensor_model_parallel_size={tensor_parallel} x "
+            f"pipeline_model_parallel_size={pipeline_parallel} needs one process per rank: "
+            f"set trainer.world_size, or start the trainer with torchrun --nproc-per-node "
+            f"{tensor_parallel * pipeline_parallel}"
         )
     if not cpu_mode():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -87,10 +84,11 @@ def initialize(tensor_parallel: int, pipeline_parallel: int,
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0
             )
-    if dist.get_world_size() % tensor_parallel:
+    if dist.get_world_size() % (tensor_parallel * pipeline_parallel):
         raise ValueError(
             f"world size {dist.get_world_size()} is not a multiple of "
-            f"trainer.tensor_model_parallel_size={tensor_parallel}"
+            f"trainer.tensor_model_parallel_size={tensor_parallel} x "
+            f"pipeline_model_parallel_size={pipeline_parallel}"
         )
     if parallel_state.model_parallel_is_initialized():
         have = (

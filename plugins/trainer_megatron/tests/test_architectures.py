@@ -85,9 +85,11 @@ def test_unsupported_checkpoints_and_layouts_are_refused_clearly(
     with pytest.raises(ValueError, match=r"sliding_window=4096 is not supported \(only None\)"):
         _megatron(tmp_path)
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
-        _megatron(Path(tiny_model_dir), tensor_model_parallel_size=2)
-    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2"):
-        _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=2)
+        _megatron(Path(tiny_model_dir), tensor_model_parallel_size=2, world_size=2)
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2 needs one process"):
+        _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=2, world_size=2)
+    with pytest.raises(ValueError, match="2 layers: not divisible into"):
+        _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=3, world_size=3)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU mode exists only without CUDA")

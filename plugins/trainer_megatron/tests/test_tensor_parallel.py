@@ -28,3 +28,27 @@ def test_two_data_parallel_replicas_match_one_process(tiny_model_dir: str,
                                                       tmp_path: Path) -> None:
     check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path, {
         "world_size": 2, "loss": "m2po", "m2po_tau": 1e-6, "micro_batch_size": 3})
+
+
+@pytest.mark.slow
+def test_two_pipeline_stages_match_one_process(tiny_model_dir: str, tmp_path: Path) -> None:
+    """One layer per stage: activations go forward and their gradients back between
+    the ranks; the published weights are gathered from both stages."""
+    check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path,
+                                  {"world_size": 2, "pipeline_model_parallel_size": 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == [
+        "model-pp0.safetensors", "model-pp1.safetensors", "optimizer-pp0.safetensors",
+        "optimizer-pp1.safetensors", "trainer_state.json",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pipeline_stages_with_tied_embeddings(tmp_path: Path) -> None:
+    """Qwen2 ties its output layer to its embedding: the first stage holds the one and
+    the last stage the other, their gradients are summed and the norm counts them once."""
+    from astraflow.testing.models import make_chat_model
+
+    model = make_chat_model(tmp_path / "qwen2", arch="qwen2")
+    check_ranks_match_one_process("megatron", model, tmp_path / "run", {
+        "world_size": 2, "pipeline_model_parallel_size": 2, "loss": "m2po",
+        "m2po_tau": 1e-6, "micro_batch_size": 3})
