@@ -7,8 +7,8 @@ problems with their answers, mixed advantages) for a few warm-up steps and then
 
 - ``hf``: one process, then FSDP2 over two ranks (each trains half the batch and holds
   half of every parameter, gradient and AdamW moment);
-- ``megatron``: one process, then two data-parallel replicas, then tensor parallelism
-  over two ranks.
+- ``megatron``: one process, then two data-parallel replicas, tensor parallelism over
+  two ranks, and two pipeline stages (one micro-batch at a time: no overlap).
 
 Every process runs one torch thread (as under ``make test``), so on two CPU cores two
 ranks use both cores where one process used one: a ratio mixes that with the cost of
@@ -36,7 +36,8 @@ RESULTS = Path(__file__).parent / "results" / "trainer_scaling.json"
 LAYOUTS = {
     "hf": [("1 process", {}), ("FSDP2 x2", {"world_size": 2})],
     "megatron": [("1 process", {}), ("DP=2", {"world_size": 2}),
-                 ("TP=2", {"world_size": 2, "tensor_model_parallel_size": 2})],
+                 ("TP=2", {"world_size": 2, "tensor_model_parallel_size": 2}),
+                 ("PP=2", {"world_size": 2, "pipeline_model_parallel_size": 2})],
 }
 
 
