@@ -132,9 +132,14 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
     # a rollout pool's settings are free-form in the config, so checked by the launcher
     ("launcher.pools={a: {nodez: 2}}",
      "launcher.pools.a: nodez is not a pool setting; a pool has: nodes, num_cpus"),
+    # a trainer's ranks take a GPU each
+    (("launcher.trainer.num_gpus=1", "trainer.world_size=4"),
+     "launcher.trainer.num_gpus=1 but trainer.world_size=4: each rank of the trainer "
+     "takes one GPU"),
 ])
 def test_a_mistyped_launcher_setting_is_named(tmp_path, override, said):
-    proc = launch(tmp_path, "launcher=ray", override)
+    overrides = override if isinstance(override, tuple) else (override,)
+    proc = launch(tmp_path, "launcher=ray", *overrides)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert said in proc.stderr.strip().splitlines()[0], proc.stderr
     assert not (tmp_path / "run").exists()

@@ -577,8 +577,20 @@ def run(cfg: DictConfig) -> int:
     # a cluster that refuses this machine (RayRun joins it)
     import_ray()
     pool_settings(cfg)  # a mistyped pool setting
+    check_trainer_gpus(cfg)
     check_address(cfg.launcher.get("address"))
     return run_with(cfg, job_cls=RayRun)
+
+
+def check_trainer_gpus(cfg: DictConfig) -> None:
+    """A trainer of several ranks on GPUs takes one GPU a rank: its actor must ask Ray
+    for exactly that many (none trains on CPUs), or ranks would share a GPU or miss one."""
+    world = int(cfg.trainer.get("world_size", 1) or 1)
+    gpus = float((cfg.launcher.get("trainer") or {}).get("num_gpus", 0) or 0)
+    if gpus and gpus != world:
+        raise ConfigError(f"launcher.trainer.num_gpus={gpus:g} but trainer.world_size={world}: "
+                          f"each rank of the trainer takes one GPU; set "
+                          f"launcher.trainer.num_gpus={world} (or 0 to train on CPUs)")
 
 
 def check_address(address: str | None) -> None:
