@@ -52,3 +52,17 @@ def test_pipeline_stages_with_tied_embeddings(tmp_path: Path) -> None:
     check_ranks_match_one_process("megatron", model, tmp_path / "run", {
         "world_size": 2, "pipeline_model_parallel_size": 2, "loss": "m2po",
         "m2po_tau": 1e-6, "micro_batch_size": 3})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [
+    {"tensor_model_parallel_size": 2},  # two replicas of two tensor-parallel ranks
+    {"pipeline_model_parallel_size": 2},  # two replicas of two stages
+    {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+], ids=["tp2-dp2", "pp2-dp2", "tp2-pp2"])
+def test_four_ranks_in_two_dimensions_match_one_process(tiny_model_dir: str, tmp_path: Path,
+                                                        layout: dict) -> None:
+    """Each rank is in a tensor-parallel, a pipeline and a data-parallel group at once:
+    every reduction must stay in its own group (four gloo ranks on the CPU)."""
+    check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path,
+                                  {"world_size": 4, **layout})
