@@ -14,7 +14,7 @@ seconds, and rank 0 broadcasts ``idle`` whenever it waited for a batch in vain, 
 follower waits at most one long-poll for its next call. A dead rank makes ``torchrun``
 end the others, and the launcher restarts the trainer from its last checkpoint.
 
-Imports torch: import it only in a trainer process.
+torch is imported when a call needs it, so the core still imports without torch.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from astraflow.types import Batch, Span, TrainItem, Trajectory
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -39,6 +39,9 @@ CALLS = ("idle", "stop", "train_step", "export_weights", "save_checkpoint",
 
 def init(timeout: float) -> Ranks:
     """Join the process group ``torchrun`` describes (NCCL with CUDA, else gloo)."""
+    import torch
+    import torch.distributed as dist
+
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -62,6 +65,9 @@ class Ranks:
     # -- rank 0 --------------------------------------------------------------------
 
     def send(self, call: str, batch: Batch | None = None, text: str = "") -> None:
+        import torch
+        import torch.distributed as dist
+
         items = batch.items if batch is not None else []
         data = (batch.batch_id if batch is not None else text).encode()
         lengths = [len(item.trajectory.tokens) for item in items]
@@ -85,6 +91,9 @@ class Ranks:
     # -- the other ranks -------------------------------------------------------------
 
     def receive(self) -> tuple[str, Batch | None, str]:
+        import torch
+        import torch.distributed as dist
+
         header = torch.empty(4, dtype=torch.int64, device=self.device)
         dist.broadcast(header, 0)
         call, n_items, n_tokens, n_bytes = (int(x) for x in header.tolist())
@@ -115,6 +124,12 @@ class Ranks:
         return CALLS[call], Batch(batch_id=text, policy="", items=items), ""
 
 
+def _make(backend: Any, call: str, batch: Batch | None, text: str) -> Any:
+    """Call ``backend.<call>`` with the batch, or the text (a path), or nothing."""
+    args = (batch,) if batch is not None else (text,) if text else ()
+    return getattr(backend, call)(*args)
+
+
 class Leader:
     """Rank 0's side: each backend call is broadcast to the followers, then made."""
 
@@ -124,10 +139,7 @@ class Leader:
     def __call__(self, call: str, batch: Batch | None = None, text: str = "") -> Any:
         if self.ranks is not None:
             self.ranks.send(call, batch, text)
-        method = getattr(self.backend, call)
-        if batch is not None:
-            return method(batch)
-        return method(text) if text else method()
+        return _make(self.backend, call, batch, text)
 
     def idle(self) -> None:
         if self.ranks is not None:
@@ -145,12 +157,5 @@ def follow(backend: Any, ranks: Ranks) -> None:
         call, batch, text = ranks.receive()
         if call == "stop":
             return
-        if call == "idle":
-            continue
-        method = getattr(backend, call)
-        if batch is not None:
-            method(batch)
-        elif text:
-            method(text)
-        else:
-            method()
+        if call != "idle":
+            _make(backend, call, batch, text)

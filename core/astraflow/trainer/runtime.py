@@ -58,13 +58,13 @@ class TrainerRuntime:
         entry = get_registry().get("trainer_backend", self.cfg.trainer.name)
         return entry.create(trainer_settings(self.cfg, self.policy), self.cfg.model.path)
 
-    def _publish(self, publisher: Any, version: int, backend: Any) -> None:
+    def _publish(self, publisher: Any, version: int) -> None:
         from astraflow.weights.safetensors_io import from_torch
 
         tensors = {name: from_torch(t) for name, t in self.call("export_weights").items()}
         publisher.publish(version, tensors)
 
-    def _save(self, backend: Any, batch_id: str) -> None:
+    def _save(self, batch_id: str) -> None:
         tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
         _rmtree(tmp)  # what a killed save left: shards of another world size must not mix in
         self.call("save_checkpoint", text=str(tmp))
@@ -78,7 +78,7 @@ class TrainerRuntime:
         else:
             os.replace(tmp, self.ckpt_dir)
 
-    def _resume(self, backend: Any) -> bool:
+    def _resume(self) -> bool:
         for candidate in (self.ckpt_dir, self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")):
             meta = candidate / "runtime.json"
             if meta.exists():
@@ -120,19 +120,19 @@ class TrainerRuntime:
 
         self.call = Leader(backend, ranks)
         publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy)
-        resumed = self._resume(backend)
+        resumed = self._resume()
         with WeightClient(self.url, self.token, self.work_dir / "trainer-weights") as wc:
             latest = wc.latest(self.policy)
         if latest is None:
-            self._publish(publisher, self.version, backend)
+            self._publish(publisher, self.version)
         elif latest != self.version or not resumed:
             # the stream never goes backwards: republish what this trainer really holds
             self.version = max(latest, self.version) + 1
-            self._publish(publisher, self.version, backend)
+            self._publish(publisher, self.version)
         beats = _Heartbeats(self.url, self.token, f"trainer-{self.policy}", [self.policy])
         mark_ready()
         try:
-            self._train(backend, publisher, steps)
+            self._train(publisher, steps)
             self.call.stop()
         finally:
             beats.stop()
@@ -140,7 +140,7 @@ class TrainerRuntime:
         # holding the other policies back for it
         self.client.leave(f"trainer-{self.policy}")
 
-    def _train(self, backend: Any, publisher: Any, steps: int) -> None:
+    def _train(self, publisher: Any, steps: int) -> None:
         log.info("trainer %s: starting at step %d, version %d", self.policy, self.step,
                  self.version)
         batch_size = self.cfg.batch_size
@@ -164,9 +164,9 @@ class TrainerRuntime:
             self.version += 1
             self.step += 1
             t_trained = time.time()
-            self._publish(publisher, self.version, backend)
+            self._publish(publisher, self.version)
             t_published = time.time()
-            self._save(backend, batch.batch_id)
+            self._save(batch.batch_id)
             t2 = time.time()
             self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
             produced = self.client.status()["policies"][self.policy]

@@ -14,13 +14,19 @@ from astraflow.testing.trainer import check_ranks_match_one_process
 
 
 @pytest.mark.slow
-def test_two_tensor_parallel_ranks_match_one_process(tiny_model_dir: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("split", "files"), [
+    ("tensor_model_parallel_size", ["tp0", "tp1"]),
+    # one layer per stage: activations go forward and their gradients back between the
+    # ranks; the published weights are gathered from both stages
+    ("pipeline_model_parallel_size", ["pp0", "pp1"]),
+], ids=["tp2", "pp2"])
+def test_a_model_split_over_two_ranks_matches_one_process(tiny_model_dir: str, tmp_path: Path,
+                                                          split: str, files: list) -> None:
     check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path,
-                                  {"world_size": 2, "tensor_model_parallel_size": 2})
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == [
-        "model-tp0.safetensors", "model-tp1.safetensors", "optimizer-tp0.safetensors",
-        "optimizer-tp1.safetensors", "trainer_state.json",
-    ]  # fmt: skip
+                                  {"world_size": 2, split: 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == sorted(
+        [f"{kind}-{f}.safetensors" for kind in ("model", "optimizer") for f in files]
+        + ["trainer_state.json"])
 
 
 @pytest.mark.slow
@@ -28,18 +34,6 @@ def test_two_data_parallel_replicas_match_one_process(tiny_model_dir: str,
                                                       tmp_path: Path) -> None:
     check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path, {
         "world_size": 2, "loss": "m2po", "m2po_tau": 1e-6, "micro_batch_size": 3})
-
-
-@pytest.mark.slow
-def test_two_pipeline_stages_match_one_process(tiny_model_dir: str, tmp_path: Path) -> None:
-    """One layer per stage: activations go forward and their gradients back between
-    the ranks; the published weights are gathered from both stages."""
-    check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path,
-                                  {"world_size": 2, "pipeline_model_parallel_size": 2})
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == [
-        "model-pp0.safetensors", "model-pp1.safetensors", "optimizer-pp0.safetensors",
-        "optimizer-pp1.safetensors", "trainer_state.json",
-    ]  # fmt: skip
 
 
 @pytest.mark.slow
