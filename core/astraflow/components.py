@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -13,6 +14,9 @@ from astraflow.plugins import get_registry
 
 def load_config(path: str) -> DictConfig:
     """A resolved run config as written by the launcher (``run_dir/config.yaml``)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"--config {path}: no such file (a component takes the "
+                          "config.yaml its run's launcher wrote in the run directory)")
     return OmegaConf.load(path)
 
 

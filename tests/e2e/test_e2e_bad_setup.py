@@ -4,6 +4,7 @@ where; a component that dies before it ever worked is not restarted."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,17 @@ def test_a_trainer_layout_that_cannot_be_is_refused_before_anything_starts(tmp_p
                                                                            overrides, said):
     line = refused(launch(tmp_path, *overrides), tmp_path)
     assert said in line, line
+
+
+@pytest.mark.parametrize("component", ["train", "raas", "eval"])
+def test_a_component_started_alone_with_a_wrong_config_path(tmp_path, component):
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", component, "--connect", "http://127.0.0.1:1",
+         "--config", "run/config.yaml", "--policy", "policy", "--metrics", "m.jsonl"][
+            : 8 if component == "raas" else None],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "ASTRAFLOW_TOKEN": "t"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ("astraflow: error: --config run/config.yaml: no such file "
+                                   "(a component takes the config.yaml its run's launcher "
+                                   "wrote in the run directory)")
