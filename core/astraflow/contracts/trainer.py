@@ -42,7 +42,13 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def export_weights(self) -> dict[str, Any]:
-        """The current weights by Hugging Face tensor names (torch tensors)."""
+        """The current weights by Hugging Face tensor names (torch tensors); a backend
+        that trains adapters exports the adapters alone, under ``peft``'s names."""
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """A LoRA backend's ``peft`` adapter config (``adapter_config.json``): its exports
+        are then adapters of ``model_path``. None (the default): whole models."""
+        return None
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:

@@ -7,7 +7,62 @@ Backends extend this dataclass with their own fields, so the same override
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``target_modules`` shorthand for every linear layer but the output head (peft's)
+ALL_LINEAR = "all-linear"
+
+
+@dataclass
+class LoraOptions:
+    """``trainer.lora``: train low-rank adapters instead of the whole model.
+
+    ``rank`` 0 trains every weight; above 0 every module named by ``target_modules`` (a
+    list of module names, each matching a module whose name ends with it, or
+    ``all-linear``) gets a rank-``rank`` adapter scaled by ``alpha / rank``, and only
+    the adapters are trained, kept in the optimiser and published. ``merge_final``
+    also writes the merged model next to the final adapter.
+    """
+
+    rank: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: Any = ALL_LINEAR
+    merge_final: bool = False
+
+
+def lora_targets(lora: Any) -> list[str] | str:
+    """``target_modules`` checked: ``all-linear``, or a non-empty list of names."""
+    targets = lora.target_modules
+    if isinstance(targets, str):
+        targets = targets if targets == ALL_LINEAR else [targets]
+    else:
+        targets = list(targets or [])
+        if not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(f"trainer.lora.target_modules={targets!r}: give module names "
+                             f"(e.g. [q_proj, v_proj]) or {ALL_LINEAR!r}")
+    return targets
+
+
+def check_lora(lora: Any) -> None:
+    if lora.rank < 0:
+        raise ValueError(f"trainer.lora.rank={lora.rank} must be >= 0 (0: no adapters)")
+    if lora.rank == 0:
+        return
+    if lora.alpha <= 0:
+        raise ValueError(f"trainer.lora.alpha={lora.alpha} must be > 0")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ValueError(f"trainer.lora.dropout={lora.dropout} must lie in [0, 1)")
+    lora_targets(lora)
+
+
+def lora_rank(trainer: Any) -> int:
+    """The adapter rank of a trainer config (0: full-weight training); any config works."""
+    lora = trainer.get("lora") if hasattr(trainer, "get") else getattr(trainer, "lora", None)
+    if lora is None:
+        return 0
+    return int(lora.get("rank", 0) if hasattr(lora, "get") else lora.rank)
 
 
 @dataclass
@@ -24,6 +79,9 @@ class PolicyGradientOptions:
     ``data_parallel_size`` (0: whatever is left of the world size). Above 1 the
     trainer runs under ``torchrun``; every collective gives up after
     ``collective_timeout`` seconds, so a dead rank ends the trainer instead of hanging it.
+
+    ``lora`` trains low-rank adapters (:class:`LoraOptions`); its ``rank`` 0 (the
+    default) trains the whole model.
 
     ``lr_schedule`` is ``constant``, ``linear`` or ``cosine``: after ``warmup_steps`` of
     linear warm-up the rate decays from ``lr`` to ``min_lr_ratio * lr`` at
@@ -55,6 +113,7 @@ class PolicyGradientOptions:
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 0
     collective_timeout: float = 600.0
+    lora: LoraOptions = field(default_factory=LoraOptions)
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")

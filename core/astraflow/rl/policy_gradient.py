@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from astraflow.contracts import TrainerBackend
 from astraflow.rl.losses import m2po_clip, policy_loss, token_entropy, token_logprobs
-from astraflow.rl.options import lr_at, parallel_sizes
+from astraflow.rl.options import check_lora, lr_at, parallel_sizes
 from astraflow.types import Batch, TrainItem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -113,6 +113,8 @@ class PolicyGradientBackend(TrainerBackend):
             raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
         lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
         parallel_sizes(config)
+        if getattr(config, "lora", None) is not None:
+            check_lora(config.lora)
 
     def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
         """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""

@@ -58,6 +58,17 @@ class TrainerRuntime:
         entry = get_registry().get("trainer_backend", self.cfg.trainer.name)
         return entry.create(trainer_settings(self.cfg, self.policy), self.cfg.model.path)
 
+    def _adapter(self, backend: Any) -> dict[str, Any] | None:
+        """What every version of a LoRA stream says of itself: its base and config."""
+        config = getattr(backend, "adapter_config", lambda: None)()
+        if config is None:
+            return None
+        from astraflow.weights.base import base_sha256
+
+        path = self.cfg.model.path
+        return {"base_sha256": base_sha256(path), "base_name": Path(path).name,
+                "config": config}
+
     def _publish(self, publisher: Any, version: int) -> None:
         from astraflow.weights.safetensors_io import from_torch
 
@@ -119,7 +130,8 @@ class TrainerRuntime:
         from astraflow.trainer.ranks import Leader
 
         self.call = Leader(backend, ranks)
-        publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy)
+        publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy,
+                                    adapter=self._adapter(backend))
         resumed = self._resume()
         with WeightClient(self.url, self.token, self.work_dir / "trainer-weights") as wc:
             latest = wc.latest(self.policy)

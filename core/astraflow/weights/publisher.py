@@ -30,16 +30,21 @@ class WeightPublisher:
 
     A delta is dropped in favour of a full snapshot when it would exceed
     ``max_delta_fraction`` of the full size: past that point nodes gain little from it.
+    A LoRA stream (``adapter``) publishes the adapter's tensors alone, the same way: a
+    full adapter or a sparse delta of it, whichever is smaller.
     """
 
     def __init__(self, target: PublishTarget, policy: str, *, full_every: int = 10,
-                 max_delta_fraction: float = 0.5) -> None:
+                 max_delta_fraction: float = 0.5,
+                 adapter: Mapping[str, Any] | None = None) -> None:
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
         self.target = target
         self.policy = policy
         self.full_every = full_every
         self.max_delta_fraction = max_delta_fraction
+        #: set for a LoRA stream: every version carries its base's identity and config
+        self.adapter = adapter
         self._previous: dict[str, st.Tensor] | None = None
         self._previous_version: int | None = None
         self._since_full = 0
@@ -60,7 +65,7 @@ class WeightPublisher:
         try:
             build_version(staging, self.policy, version, tensors, full=full,
                           delta_base=self._previous_version if worth else None,
-                          blobs=blobs if worth else None)
+                          blobs=blobs if worth else None, adapter=self.adapter)
             manifest = self.target.commit(self.policy, version, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

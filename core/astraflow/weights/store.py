@@ -78,10 +78,13 @@ class FileRef:
 
 def build_version(directory: Path, policy: str, version: int, tensors: Mapping[str, st.Tensor],
                   *, full: bool, delta_base: int | None = None,
-                  blobs: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+                  blobs: Mapping[str, bytes] | None = None,
+                  adapter: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write a version's files and manifest into ``directory``; returns the manifest.
 
     ``blobs`` are the per-tensor deltas from version ``delta_base`` (``codec.make_delta``).
+    ``adapter`` marks the tensors as a LoRA adapter: its base model's digest
+    (``base_sha256``) and its ``peft`` config (``config``).
     """
     if not full and delta_base is None:
         raise ValueError("a version needs a full snapshot, a delta, or both")
@@ -107,6 +110,8 @@ def build_version(directory: Path, policy: str, version: int, tensors: Mapping[s
                     for name, t in sorted(tensors.items())},
         "files": files,
     }
+    if adapter is not None:
+        manifest["adapter"] = dict(adapter)
     with atomic_file(directory / MANIFEST) as f:
         f.write(json.dumps(manifest, indent=1).encode())
     return manifest
@@ -133,6 +138,13 @@ def parse_manifest(data: bytes | str, policy: str, version: int) -> dict[str, An
                                f"{entry.get('base')!r}")
         if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
             raise CorruptError(f"manifest of {policy} v{version}: file {name} lacks sha256/bytes")
+    adapter = manifest.get("adapter")
+    if adapter is not None and not (
+            isinstance(adapter, dict) and isinstance(adapter.get("config"), dict)
+            and isinstance(adapter.get("base_sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", adapter["base_sha256"])):
+        raise CorruptError(f"manifest of {policy} v{version}: adapter needs base_sha256 (64 hex "
+                           "digits) and its peft config")
     return manifest
 
 

@@ -1,0 +1,60 @@
+"""LoRA helpers every component shares, torch-free.
+
+* which modules ``trainer.lora.target_modules`` adapts, read from a checkpoint's
+  safetensors headers, so a name that matches nothing stops the run before anything
+  starts;
+* the names adapters travel under: ``peft``'s own (``base_model.model.<module>.lora_A.weight``),
+  which is what ``peft``, vLLM and SGLang load.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+from astraflow.rl.options import ALL_LINEAR
+
+_ADAPTER_KEY = re.compile(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+\.")
+
+
+def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Names and shapes of a checkpoint's tensors (every shard), from headers only."""
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(file, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def linear_modules(model_dir: str | Path) -> list[str]:
+    """Modules of a checkpoint with a 2-D ``weight`` that is not an embedding."""
+    return sorted(name[: -len(".weight")] for name, shape in tensor_shapes(model_dir).items()
+                  if name.endswith(".weight") and len(shape) == 2 and "embed" not in name)
+
+
+def matches(module: str, target: str) -> bool:
+    """peft's rule for a target name: the module's name is it or ends with ``.<it>``."""
+    return module == target or module.endswith("." + target)
+
+
+def check_targets(targets: list[str] | str, model_dir: str | Path) -> None:
+    """Every target name adapts at least one module of the checkpoint at ``model_dir``."""
+    if targets == ALL_LINEAR:
+        return
+    modules = linear_modules(model_dir)
+    if not modules:  # no safetensors to read: the trainer checks when it loads
+        return
+    unmatched = [t for t in targets if not any(matches(m, t) for m in modules)]
+    if unmatched:
+        kinds = sorted({m.rsplit(".", 1)[-1] for m in modules})
+        raise ValueError(f"trainer.lora.target_modules: {unmatched} match no module of "
+                         f"{model_dir}; its linear layers are {kinds} (or use {ALL_LINEAR!r})")
+
+
+def adapter_key(name: str) -> str:
+    """A trained parameter's name as ``peft`` saves it: without the adapter's name."""
+    return _ADAPTER_KEY.sub(lambda m: f".{m.group(1)}.", name)
