@@ -103,6 +103,8 @@ class TrainerBackendContract:
     logprob_atol: float = 1e-4
     #: tolerance of log-probs under the exported weights (a bf16 export rounds)
     export_logprob_atol: float = 0.25
+    #: the small step of the advantage-sign test (LoRA adapters start at zero and need more)
+    sign_lr: float = 3e-5
 
     @pytest.fixture
     def backend_config(self) -> Any:
@@ -145,7 +147,8 @@ class TrainerBackendContract:
         the machine that built the model.
         """
         entry = get_registry().get("trainer_backend", self.backend_name)
-        backend = entry.create(OmegaConf.merge(backend_config, {"lr": 3e-5}), tiny_model_dir)
+        backend = entry.create(OmegaConf.merge(backend_config, {"lr": self.sign_lr}),
+                               tiny_model_dir)
         batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0])
         start = trained_logprob(backend, batch)
         for _ in range(3):

@@ -34,7 +34,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoModelForCausalLM
 
-from astraflow.rl.options import parallel_sizes
+from astraflow.lora import adapter_key, check_targets
+from astraflow.rl.options import lora_targets, parallel_sizes
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 from astraflow.text import copy_tokenizer_files
 
@@ -104,21 +105,53 @@ class HFTrainerBackend(PolicyGradientBackend):
             raise ValueError("trainer.cpu_offload=true moves FSDP2 shards off GPUs: torch "
                              "sees no CUDA device here")
         self.autocast = config.mixed_precision == "bfloat16" and not self.sharded
-        self.model = self._prepare(_load_model(model_path, self.dtype, self.device).train())
+        self.lora = config.lora.rank > 0 if getattr(config, "lora", None) else False
+        model = _load_model(model_path, self.dtype, self.device).train()
+        if self.lora:
+            model = self._adapt(model)
+        self.model = self._prepare(model)
         self.reference = None
-        if config.kl_coef:
+        if config.kl_coef and self.lora:  # the base is the adapter switched off: no copy
+            self.reference = _WithoutAdapter(self.model)
+        elif config.kl_coef:
             self.reference = self._prepare(_load_model(model_path, self.dtype, self.device)
                                            .eval().requires_grad_(False))
         pad = self.model.config.pad_token_id
         self.pad_token_id: int = 0 if pad is None else int(pad)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            # only what trains has moments: with LoRA, the adapters alone
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
             betas=(config.beta1, config.beta2),
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
         self.step = 0
+
+    def _adapt(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap ``model`` in ``peft`` LoRA adapters; the base weights are frozen."""
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise ImportError("trainer.lora.rank > 0 needs peft: pip install "
+                              "'astraflow-plugin-trainer-hf[lora]'") from None
+        lora = self.config.lora
+        targets = lora_targets(lora)
+        check_targets(targets, self.model_path)
+        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                            target_modules=targets, task_type="CAUSAL_LM", bias="none")
+        # the same adapters on every rank and in every run: A's random start is seeded
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")  # tied embeddings: peft warns, we adapt none
+            torch.manual_seed(0)
+            return get_peft_model(model, config)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """The ``peft`` adapter config (``adapter_config.json``) of a LoRA trainer."""
+        if not self.lora:
+            return None
+        config = self.model.peft_config["default"]
+        return json.loads(json.dumps(config.to_dict(), default=_jsonable))
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Activation checkpointing, then FSDP2 over the ranks when there are several."""
@@ -162,11 +195,16 @@ class HFTrainerBackend(PolicyGradientBackend):
 
     # -- the rest of the contract -----------------------------------------------------
 
-    def _full_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor whole, tied names once: on rank 0 only when sharded."""
+    def _full_state(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
+        """Every tensor whole, tied names once: on rank 0 only when sharded.
+
+        ``trained_only``: the trained parameters alone (with LoRA, the adapters).
+        """
         if self.sharded:
             state = get_model_state_dict(self.model, options=StateDictOptions(
-                full_state_dict=True, cpu_offload=True))
+                full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only))
+        elif trained_only:
+            state = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         else:
             state = self.model.state_dict()
         return {name: t for name, t in state.items() if name not in self.tied}
@@ -174,9 +212,14 @@ class HFTrainerBackend(PolicyGradientBackend):
     def export_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) in ``export_dtype``: later steps never change it.
 
-        Sharded, the tensors are gathered once and only rank 0 (the publisher) gets
-        them; the other ranks get an empty dict.
+        With LoRA, the adapters alone, under ``peft``'s names. Sharded, the tensors are
+        gathered once and only rank 0 (the publisher) gets them; the other ranks get an
+        empty dict.
         """
+        if self.lora:
+            return {adapter_key(name): t.detach().to(device="cpu", dtype=self.export_dtype,
+                                                     copy=True)
+                    for name, t in self._full_state(trained_only=True).items()}
         return {name: tensor.detach().to(device="cpu", dtype=self.export_dtype, copy=True)
                 for name, tensor in self._full_state().items()}
 
@@ -190,7 +233,8 @@ class HFTrainerBackend(PolicyGradientBackend):
         """
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer,
+                                                  options=self._state_options())
         model_state = {k: v for k, v in model_state.items() if k not in self.tied}
         with _single_process_quiet():
             dcp.save({"model": model_state, "optim": optim_state["state"]},
@@ -206,6 +250,7 @@ class HFTrainerBackend(PolicyGradientBackend):
             "step": self.step,
             "dtype": self.config.dtype,
             "world_size": self.dp_size,
+            "lora_rank": self.config.lora.rank if self.lora else 0,
             "param_groups": groups,
         }
         (out / _STATE_FILE).write_text(json.dumps(state, indent=2))
@@ -224,8 +269,13 @@ class HFTrainerBackend(PolicyGradientBackend):
             raise ValueError(
                 f"{src} was trained in {state['dtype']}, this trainer uses {self.config.dtype}"
             )
+        rank = self.config.lora.rank if self.lora else 0
+        if state.get("lora_rank", 0) != rank:
+            raise ValueError(f"{src} holds a trainer with trainer.lora.rank="
+                             f"{state.get('lora_rank', 0)}, this one has {rank}")
         # asking for the optimiser's state dict creates its moments, shaped for this world
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer,
+                                                  options=self._state_options())
         loaded = {"model": {k: v for k, v in model_state.items() if k not in self.tied},
                   "optim": optim_state["state"]}
         with _single_process_quiet():
@@ -239,12 +289,26 @@ class HFTrainerBackend(PolicyGradientBackend):
                                     strict=True)
         ]
         set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
-                       optim_state_dict={"state": loaded["optim"], "param_groups": groups})
+                       optim_state_dict={"state": loaded["optim"], "param_groups": groups},
+                       # with LoRA the frozen base is not in a checkpoint: it is model.path
+                       options=StateDictOptions(strict=not self.lora))
         self.step = int(state["step"])
+
+    def _state_options(self) -> StateDictOptions:
+        """A LoRA checkpoint holds the adapters and their moments, not the base."""
+        return StateDictOptions(ignore_frozen_params=self.lora)
 
     def save_pretrained(self, path: str) -> None:
         """The model in its training dtype, plus the tokenizer files it was loaded with
-        (gathered and written by rank 0 when sharded)."""
+        (gathered and written by rank 0 when sharded).
+
+        With LoRA: the adapter in ``peft`` format (``adapter_config.json``,
+        ``adapter_model.safetensors``), and with ``trainer.lora.merge_final`` the merged
+        model in ``merged/``.
+        """
+        if self.lora:
+            self._save_adapter(path)
+            return
         if not self.sharded:
             self.model.save_pretrained(path)
         else:
@@ -254,6 +318,56 @@ class HFTrainerBackend(PolicyGradientBackend):
                 return
             self.model.save_pretrained(path, state_dict=state)
         copy_tokenizer_files(self.model_path, path)
+
+
+    def _save_adapter(self, path: str) -> None:
+        adapter = self._full_state(trained_only=True)
+        merged = None
+        if self.config.lora.merge_final:
+            merged = merge_lora(self._full_state(), self.config.lora.alpha / self.config.lora.rank)
+        if self.sharded and dist.get_rank() != 0:
+            return
+        self.model.save_pretrained(path, state_dict=adapter)
+        self.model.peft_config["default"].base_model_name_or_path = self.model_path
+        self.model.peft_config["default"].save_pretrained(path)
+        if merged is not None:
+            out = Path(path) / "merged"
+            base = self.model.get_base_model()
+            base.save_pretrained(out, state_dict=merged)
+            copy_tokenizer_files(self.model_path, out)
+
+
+def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A ``peft`` LoRA model's full state dict as the plain model's: every adapted
+    weight ``W + scaling * B @ A``, under the base model's own names."""
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        out = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        if ".base_layer." in name:
+            prefix = name.split(".base_layer.")[0]
+            [a] = [v for k, v in state.items() if k.startswith(prefix + ".lora_A.")]
+            [b] = [v for k, v in state.items() if k.startswith(prefix + ".lora_B.")]
+            if name.endswith(".weight"):
+                tensor = tensor + scaling * (b.to(tensor.dtype) @ a.to(tensor.dtype))
+        merged[out] = tensor.detach().clone()
+    return merged
+
+
+class _WithoutAdapter:
+    """The KL reference of a LoRA trainer: the same model with its adapters switched off."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, **kwargs: Any) -> Any:
+        with self.model.disable_adapter():
+            return self.model(**kwargs)
+
+
+def _jsonable(value: Any) -> Any:
+    return sorted(value) if isinstance(value, set | frozenset) else str(value)
 
 
 @contextlib.contextmanager

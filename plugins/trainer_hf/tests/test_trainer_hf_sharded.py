@@ -35,3 +35,11 @@ def test_fsdp_in_bfloat16_with_activation_checkpointing(tiny_model_dir: str,
     check_ranks_match_one_process("hf", tiny_model_dir, tmp_path, {
         "world_size": 2, "mixed_precision": "bfloat16", "activation_checkpointing": True},
         rel=5e-2, logprob_atol=0.25, abs_tol=1e-2)
+
+
+@pytest.mark.slow
+def test_fsdp_lora_adapters_match_one_process(tiny_model_dir: str, tmp_path: Path) -> None:
+    """LoRA under FSDP2: the frozen base is sharded like the rest, only the adapters get
+    optimiser state, and the adapters each rank publishes are one process's."""
+    check_ranks_match_one_process("hf", tiny_model_dir, tmp_path, {
+        "world_size": 2, "lora": {"rank": 16}, "lr": 2e-3})

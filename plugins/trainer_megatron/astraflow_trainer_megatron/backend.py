@@ -40,6 +40,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from astraflow.rl.options import lora_rank
 from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
 from astraflow.text import copy_tokenizer_files
 
@@ -125,6 +126,15 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 class MegatronTrainerBackend(PolicyGradientBackend):
     """PPO-clip / GRPO or M2PO over Megatron-core's GPT, on CPU or CUDA GPUs."""
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        super().check_config(config)
+        if lora_rank(config):
+            # Megatron-core has no adapter layers of its own; tensor-parallel adapters
+            # would need sharded A/B matrices beside every Column/RowParallelLinear
+            raise ValueError("trainer.lora.rank > 0: trainer=megatron trains whole models "
+                             "only; train LoRA adapters with trainer=hf (peft)")
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)

@@ -1,0 +1,139 @@
+"""``trainer=hf`` with ``trainer.lora.rank``: peft adapters pass the trainer contract, and
+only they train, take optimiser state, fill checkpoints and get published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from astraflow_trainer_hf import HFConfig
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+
+from astraflow.testing.trainer import (
+    TrainerBackendContract,
+    _direct_logprobs,
+    arithmetic_batch,
+    with_behaviour_logprobs,
+)
+from astraflow.weights.base import write_peft_dir
+from astraflow.weights.safetensors_io import from_torch, save
+
+pytest.importorskip("peft")
+
+
+def lora_config(**kw: Any) -> Any:
+    config = OmegaConf.structured(HFConfig(**kw))
+    config.lora.rank = 16
+    return config
+
+
+class TestHFTrainerLora(TrainerBackendContract):
+    """The shared contract, adapters instead of whole weights (with a KL reference: the
+    same model with its adapters switched off)."""
+
+    backend_name = "hf"
+    sign_lr = 1e-3
+
+    @pytest.fixture
+    def backend_config(self) -> Any:
+        return lora_config(kl_coef=0.05, lr=3e-3)  # adapters start at zero: a LoRA rate
+
+    def test_exported_weights_load_into_transformers(self, make_backend, batch,
+                                                     tiny_model_dir, tmp_path) -> None:
+        """The export is a peft adapter of the base: peft loads it and samples what the
+        trainer trained; the final output is a peft adapter directory plus, with
+        merge_final, the merged model."""
+        from peft import PeftModel
+
+        backend = make_backend()
+        for _ in range(3):
+            backend.train_step(with_behaviour_logprobs(backend, batch))
+        exported = backend.export_weights()
+        assert exported and all(".lora_A." in k or ".lora_B." in k for k in exported)
+        export_dir = tmp_path / "exported"
+        save(export_dir / "model.safetensors", {k: from_torch(v) for k, v in exported.items()})
+        write_peft_dir(export_dir, {"config": backend.adapter_config()})
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+        served = PeftModel.from_pretrained(base, export_dir).eval()
+        for got, trained in zip(_direct_logprobs(served, batch),
+                                backend.compute_logprobs(batch), strict=True):
+            assert torch.allclose(torch.tensor(got), torch.tensor(trained),
+                                  atol=self.export_logprob_atol)
+
+        backend.config.lora.merge_final = True
+        backend.save_pretrained(str(tmp_path / "final"))
+        final = tmp_path / "final"
+        assert (final / "adapter_config.json").is_file()
+        assert (final / "adapter_model.safetensors").is_file()
+        adapter = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True),
+            final).eval()
+        merged = AutoModelForCausalLM.from_pretrained(final / "merged", local_files_only=True)
+        trained = backend.compute_logprobs(batch)
+        for model in (adapter, merged):
+            for got, want in zip(_direct_logprobs(model, batch), trained, strict=True):
+                assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-4)
+        assert (final / "merged" / "tokenizer.json").is_file()
+
+
+def test_only_the_adapters_train_and_fill_optimiser_and_checkpoints(tiny_model_dir, tmp_path):
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    backend = HFTrainerBackend(lora_config(), tiny_model_dir)
+    full = HFTrainerBackend(OmegaConf.structured(HFConfig()), tiny_model_dir)
+    trainable = [n for n, p in backend.model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
+    moments = sum(p.numel() for g in backend.optimizer.param_groups for p in g["params"])
+    adapter = sum(t.numel() for t in backend.export_weights().values())
+    assert moments == adapter
+    whole = sum(t.numel() for t in full.export_weights().values())
+    assert adapter < whole / 4  # rank 16 of a 128-wide model (of a 7B one: 1/190)
+    before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0, 0.5, -0.5])
+    backend.train_step(with_behaviour_logprobs(backend, batch))
+    for name, param in backend.model.named_parameters():
+        if not param.requires_grad:
+            assert torch.equal(param, before[name]), f"frozen {name} changed"
+    backend.save_checkpoint(str(tmp_path / "lora"))
+    full.save_checkpoint(str(tmp_path / "full"))
+    size = sum(f.stat().st_size for f in (tmp_path / "lora").iterdir())
+    assert size < sum(f.stat().st_size for f in (tmp_path / "full").iterdir()) / 4
+    with pytest.raises(ValueError, match=r"trainer.lora.rank=16, this one has 0"):
+        full.load_checkpoint(str(tmp_path / "lora"))
+
+
+def test_a_target_module_that_matches_nothing_names_the_layers_there_are(tiny_model_dir):
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    config = lora_config()
+    config.lora.target_modules = ["q_proj", "qkv"]
+    with pytest.raises(ValueError, match=r"\['qkv'\] match no module of .*its linear layers "
+                                         r"are \[.*'q_proj'.*\]"):
+        HFTrainerBackend(config, tiny_model_dir)
+
+
+@pytest.mark.parametrize(("setting", "value", "said"), [
+    ("rank", -1, "trainer.lora.rank=-1 must be >= 0"),
+    ("dropout", 1.0, "trainer.lora.dropout=1.0 must lie in [0, 1)"),
+    ("target_modules", [], "trainer.lora.target_modules=[]: give module names"),
+])
+def test_impossible_lora_settings_are_refused(setting, value, said):
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    config = lora_config()
+    config.lora[setting] = value
+    with pytest.raises(ValueError) as info:
+        HFTrainerBackend.check_config(config)
+    assert said in str(info.value)
+
+
+def test_named_targets_adapt_only_those_layers(tiny_model_dir):
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    config = lora_config()
+    config.lora.target_modules = ["q_proj", "v_proj"]
+    backend = HFTrainerBackend(config, tiny_model_dir)
+    kinds = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in backend.export_weights()}
+    assert kinds == {"q_proj", "v_proj"}
