@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from astraflow.components import build_workflow, role_map
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
-from astraflow.raas.node import EnginePolicy
+from astraflow.raas.node import EnginePolicy, start_engines
 from astraflow.rewards.base import FAILED as REWARD_FAILED
 
 log = logging.getLogger("astraflow.eval")
@@ -80,12 +80,11 @@ class Evaluator:
         workflow = build_workflow(cfg, tokenizer)
         roles = role_map(cfg, workflow.roles)
         tasks = get_registry().get("task", cfg.task.name).create(cfg.task).eval_tasks()
-        entry = get_registry().get("rollout_backend", cfg.raas.name)
-        # one engine per policy: the others play their part at their newest version
-        backends = {policy: entry.create(cfg.raas, cfg.model.path) for policy in roles.values()}
-        for backend in backends.values():
-            await backend.start()
+        # one engine per policy (or one serving each as an adapter): the other policies
+        # play their part at their newest version
+        engines: list = []
         try:
+            backends = await start_engines(cfg, list(dict.fromkeys(roles.values())), engines)
             last = 0
             self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
@@ -102,7 +101,7 @@ class Evaluator:
                         target = latest if policy == self.policy else None
                         version, path = await asyncio.to_thread(self.weights.sync, policy,
                                                                 target)
-                        await backend.load_weights(str(path), version)
+                        await backend.load(path, version)
                     self._log(latest, await self.evaluate(backends, workflow, roles, tasks))
                     last = latest
                 elif done:
@@ -110,8 +109,8 @@ class Evaluator:
                 else:
                     await asyncio.sleep(0.5)
         finally:
-            for backend in backends.values():
-                await backend.shutdown()
+            for engine in engines:
+                await engine.shutdown()
             self.client.close()
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:

@@ -115,7 +115,8 @@ class Batch:
 
 @dataclass
 class GenerationRequest:
-    """Token in: a prompt as ids. ``n`` samples are returned."""
+    """Token in: a prompt as ids. ``n`` samples are returned. ``adapter`` names the
+    LoRA adapter (a policy) that generates, on an engine serving adapters."""
 
     prompt_ids: list[int]
     max_new_tokens: int = 32
@@ -124,6 +125,7 @@ class GenerationRequest:
     n: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    adapter: str | None = None
 
 
 @dataclass

@@ -26,11 +26,30 @@ class RolloutBackend(ABC):
         calls it too. The default accepts everything.
         """
 
+    #: whether the engine serves LoRA adapters (``configure_adapters``, ``load_adapter``):
+    #: then one engine serves every policy of a LoRA run, one adapter each
+    supports_adapters: bool = False
+
     def __init__(self, config: Any, model_path: str) -> None:
         self.check_config(config)
         self.config = config
         self.model_path = model_path
         self.version = 0
+        #: adapter name -> the version it holds (an engine serving adapters)
+        self.adapter_versions: dict[str, int] = {}
+
+    def configure_adapters(self, max_rank: int, names: list[str]) -> None:
+        """Before ``start``: the engine will serve LoRA adapters of rank up to
+        ``max_rank``, one per name in ``names``, over the base model at ``model_path``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
+
+    async def load_adapter(self, name: str, path: str, version: int) -> None:
+        """Load the ``peft`` adapter in directory ``path`` (``adapter_config.json``,
+        ``adapter_model.safetensors``) as ``name`` at ``version``, replacing what ``name``
+        held; requests whose ``adapter`` is ``name`` use it from then on, and their
+        generations carry ``version``. The base weights stay as they are: nothing is
+        merged. Called between ``pause`` and ``resume``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
 
     @abstractmethod
     async def start(self) -> None:

@@ -331,6 +331,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     source = preflight.task_source(cfg)
     if cfg.model.path is not None:
         preflight.check_prompts(cfg, source)
+        preflight.check_lora(cfg)
     run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
@@ -361,6 +362,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
         if "tokenizer" in cfg.task and not cfg.task.tokenizer:
             cfg.task.tokenizer = cfg.model.path
         preflight.check_prompts(cfg, source)
+        preflight.check_lora(cfg)
     OmegaConf.save(cfg, run_dir / "config.yaml")
     return cfg, run_dir
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from astraflow.errors import ConfigError
 from astraflow.plugins import get_registry, typed_config
+from astraflow.rl.options import lora_rank
 
 #: prompts rendered with the run's tokenizer before anything starts
 _SAMPLE_PROMPTS = 5
@@ -33,6 +34,23 @@ def check_backends(cfg: DictConfig) -> None:
                 check(conf)
             except ValueError as exc:  # a backend says what is wrong; no traceback for it
                 raise ConfigError(str(exc)) from None
+    if lora_rank(cfg.trainer) and not getattr(
+            registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
+        raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
+                          "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+
+
+def check_lora(cfg: DictConfig) -> None:
+    """Every ``trainer.lora.target_modules`` name adapts some layer of ``model.path``."""
+    if not lora_rank(cfg.trainer):
+        return
+    from astraflow.lora import check_targets
+    from astraflow.rl.options import lora_targets
+
+    try:
+        check_targets(lora_targets(cfg.trainer.lora), cfg.model.path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _absolute(value: Any, key: str) -> Any:

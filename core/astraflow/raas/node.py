@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -23,7 +25,9 @@ from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
+from astraflow.rl.options import lora_rank
 from astraflow.types import Generation, GenerationRequest
+from astraflow.weights.base import BaseMismatchError
 
 log = logging.getLogger("astraflow.raas")
 
@@ -54,10 +58,78 @@ class NodeOptions:
             raise ValueError(f"throttle={self.throttle}: expected a fraction in (0, 1]")
 
 
+class ServedPolicy:
+    """One policy as this node's engine serves it: a whole engine of its own, or one
+    LoRA adapter (named after the policy) of an engine shared by every policy."""
+
+    def __init__(self, name: str, backend: RolloutBackend, adapter: bool) -> None:
+        self.name, self.backend, self.adapter = name, backend, adapter
+
+    @property
+    def version(self) -> int:
+        if self.adapter:
+            return self.backend.adapter_versions.get(self.name, 0)
+        return self.backend.version
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        if self.adapter:
+            request.adapter = self.name
+        return await self.backend.generate(request)
+
+    async def load(self, path: Path, version: int) -> None:
+        """Load what the weight store synced to ``path``: whole weights or an adapter."""
+        from astraflow.weights.base import check_adapter, write_peft_dir
+        from astraflow.weights.store import MANIFEST
+
+        adapter = json.loads((path / MANIFEST).read_text()).get("adapter")
+        if self.adapter != (adapter is not None):
+            raise BaseMismatchError(
+                f"{self.name} v{version} is {'a LoRA adapter' if adapter else 'a whole model'}"
+                f" but this node {'serves adapters' if self.adapter else 'serves whole models'}"
+                " (trainer.lora.rank differs between the trainer and this node's config)")
+        if adapter is None:
+            await self.backend.load_weights(str(path), version)
+            return
+        model_path = self.backend.model_path
+        await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
+        await asyncio.to_thread(write_peft_dir, path, adapter)
+        await self.backend.load_adapter(self.name, str(path), version)
+
+    async def pause(self) -> None:
+        await self.backend.pause()
+
+    async def resume(self) -> None:
+        await self.backend.resume()
+
+
+async def start_engines(cfg: DictConfig, policies: list[str], engines: list[RolloutBackend]
+                        ) -> dict[str, ServedPolicy]:
+    """Start the engines that serve ``policies`` (appended to ``engines`` as they start,
+    so a failure can shut down what started): one per policy, or in a LoRA run one for
+    all, each policy an adapter of ``model.path``."""
+    entry = get_registry().get("rollout_backend", cfg.raas.name)
+    rank = lora_rank(cfg.trainer)
+    if rank:
+        engine = entry.create(cfg.raas, cfg.model.path)
+        engine.configure_adapters(rank, policies)
+        engines.append(engine)
+        await engine.start()
+        log.info("serving %s as rank-%d LoRA adapters of one %s engine over %s",
+                 ", ".join(policies), rank, cfg.raas.name, cfg.model.path)
+        return {p: ServedPolicy(p, engine, adapter=True) for p in policies}
+    served = {}
+    for policy in policies:
+        engine = entry.create(cfg.raas, cfg.model.path)
+        engines.append(engine)
+        await engine.start()
+        served[policy] = ServedPolicy(policy, engine, adapter=False)
+    return served
+
+
 class EnginePolicy:
     """A policy handle for workflows: token-level generation on this node's engine."""
 
-    def __init__(self, name: str, backend: RolloutBackend, defaults: dict[str, Any]) -> None:
+    def __init__(self, name: str, backend: ServedPolicy, defaults: dict[str, Any]) -> None:
         self.name = name
         self.backend = backend
         self.defaults = defaults
@@ -90,7 +162,12 @@ class RaaSNode:
         # other's partial downloads or prune the version another node's engine is loading
         self.weights = WeightClient(url, token, os.path.join(
             work_dir, "weights", self.name.replace(os.sep, "_")))
-        self.backends: dict[str, RolloutBackend] = {}
+        #: policy -> how this node serves it (several may share one engine)
+        self.backends: dict[str, ServedPolicy] = {}
+        self.engines: list[RolloutBackend] = []
+        #: a set-up mistake found while refreshing (an adapter of another base): the
+        #: node stops with it instead of retrying forever
+        self.fatal: Exception | None = None
         self.node_id: str | None = None
         self.completed = 0
         self._refresh_lock = asyncio.Lock()
@@ -102,11 +179,7 @@ class RaaSNode:
         self.tokenizer = load_tokenizer(model_path).configure(self.cfg.task)
         self.workflow = build_workflow(self.cfg, self.tokenizer)
         self.roles = role_map(self.cfg, self.workflow.roles)
-        entry = get_registry().get("rollout_backend", self.cfg.raas.name)
-        for policy in policy_names(self.cfg):
-            backend = entry.create(self.cfg.raas, model_path)
-            await backend.start()
-            self.backends[policy] = backend
+        self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
         # a node that joins late catches up before it serves
         await self.refresh(wait_for_first=True)
         await self._register()
@@ -136,7 +209,7 @@ class RaaSNode:
                 version, path = synced
                 await backend.pause()
                 try:
-                    await backend.load_weights(str(path), version)
+                    await backend.load(path, version)
                 finally:
                     await backend.resume()
                 log.info("node %s: %s now at version %d", self.name, policy, version)
@@ -194,6 +267,10 @@ class RaaSNode:
                 have = {p: max(seen[p], b.version) for p, b in self.backends.items()}
                 latest = await self.client.wait_versions(have, self.options.refresh_wait)
                 seen = {p: max(have[p], latest.get(p, 0)) for p in have}
+            except BaseMismatchError as exc:  # retrying cannot mend it: the node stops
+                self.fatal = exc
+                stop.set()
+                return
             except Exception as exc:  # the data layer restarting: keep the weights we have
                 log.warning("node %s: weight refresh failed, retrying: %r", self.name, exc)
                 await _wait(stop, self.options.refresh_interval)
@@ -281,9 +358,11 @@ class RaaSNode:
             workflow = getattr(self, "workflow", None)
             if workflow is not None:
                 await workflow.aclose()
-            for backend in self.backends.values():
-                await backend.shutdown()
+            for engine in self.engines:
+                await engine.shutdown()
             log.info("node %s left after %d rollouts", self.name, self.completed)
+        if self.fatal is not None:
+            raise self.fatal
 
 
 def _report(done: set[asyncio.Task]) -> None:

@@ -164,16 +164,48 @@ class RolloutBackendContract:
         assert len(gens) == 1
 
 
+def make_adapter(model_dir: str, out_dir: Path, rank: int = 16, scale: float = 0.3,
+                 seed: int = 0) -> Path:
+    """A LoRA adapter of ``model_dir`` as a trainer publishes it and a node hands it to
+    its engine (``peft`` layout), far from zero so that it changes the outputs. Its
+    values are bfloat16-exact, so the engine and a float32 trainer hold the same ones."""
+    import torch
+
+    from astraflow.weights.base import write_peft_dir
+    from astraflow.weights.safetensors_io import from_torch, save
+
+    entry = get_registry().get("trainer_backend", "hf")
+    config = OmegaConf.structured(entry.config_cls)
+    config.lora.rank = rank
+    backend = entry.create(config, model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in backend.model.named_parameters():
+            if param.requires_grad:
+                if ".lora_B." in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * scale)
+                param.copy_(param.to(torch.bfloat16).float())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save(out_dir / "model.safetensors",
+         {k: from_torch(v) for k, v in backend.export_weights().items()})
+    write_peft_dir(out_dir, {"config": backend.adapter_config()})
+    return out_dir
+
+
 def logprob_gap(raas: str, trainer: str, model_dir: str,
                 prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20="),
-                raas_config: Any = None) -> tuple[float, int]:
+                raas_config: Any = None, adapter: Path | None = None) -> tuple[float, int]:
     """Max |behaviour - recomputed| log-prob over the sampled tokens, and their count.
 
     ``raas`` samples 4 continuations per prompt and reports behaviour log-probs;
     ``trainer`` recomputes them for the same weights and tokens. Prompts are rendered
     as a node renders them: through the checkpoint's chat template when it has one.
     ``raas_config`` replaces the backend's default config (e.g. to start a stand-in).
+    With ``adapter`` (:func:`make_adapter`) the engine serves it over ``model_dir`` and a
+    LoRA trainer holding it recomputes.
     """
+    import json
+
     from astraflow.text import load_tokenizer
     from astraflow.types import TrainItem
     from astraflow.workflows.builder import TrajectoryBuilder
@@ -183,14 +215,21 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     entry = registry.get("rollout_backend", raas)
     engine = entry.create(raas_config if raas_config is not None
                           else OmegaConf.structured(entry.config_cls), model_dir)
+    rank = 0
+    if adapter is not None:
+        rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
+        engine.configure_adapters(rank, ["policy"])
     loop = LoopThread()
     loop.run(engine.start())
     items = []
     try:
+        if adapter is not None:
+            loop.run(engine.load_adapter("policy", str(adapter), 1))
         for text in prompts:
             prompt = tok.encode_prompt(text)
             request = GenerationRequest(prompt, max_new_tokens=8, n=4,
-                                        stop_token_ids=tok.stop_token_ids)
+                                        stop_token_ids=tok.stop_token_ids,
+                                        adapter="policy" if adapter is not None else None)
             for gen in loop.run(engine.generate(request)):
                 builder = TrajectoryBuilder(text, text)
                 builder.add_context(prompt)
@@ -199,16 +238,29 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     finally:
         loop.run(engine.shutdown())
         loop.close()
-    return trainer_gap(trainer, model_dir, items)
+    return trainer_gap(trainer, model_dir, items, adapter=adapter, rank=rank)
 
 
-def trainer_gap(trainer: str, model_dir: str, items: list[Any]) -> tuple[float, int]:
+def trainer_gap(trainer: str, model_dir: str, items: list[Any], adapter: Path | None = None,
+                rank: int = 0) -> tuple[float, int]:
     """Max |behaviour - recomputed| log-prob over the trained tokens of ``items``
-    (:class:`~astraflow.types.TrainItem`), recomputed by ``trainer`` on ``model_dir``."""
+    (:class:`~astraflow.types.TrainItem`), recomputed by ``trainer`` on ``model_dir``
+    (with the rank-``rank`` LoRA ``adapter`` when given)."""
     from astraflow.types import Batch
 
     entry = get_registry().get("trainer_backend", trainer)
-    backend = entry.create(OmegaConf.structured(entry.config_cls), model_dir)
+    config = OmegaConf.structured(entry.config_cls)
+    if adapter is not None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        config.lora.rank = rank
+        backend = entry.create(config, model_dir)
+        result = set_peft_model_state_dict(
+            backend.model, load_file(str(Path(adapter) / "adapter_model.safetensors")))
+        assert not result.unexpected_keys, result.unexpected_keys
+    else:
+        backend = entry.create(config, model_dir)
     worst, count = 0.0, 0
     for item, lps in zip(items, backend.compute_logprobs(Batch("b", "policy", items)),
                          strict=True):

@@ -3,6 +3,12 @@
 Concurrent ``generate`` calls are queued and served together: whatever arrived while a
 batch was running forms the next batch (continuous batching at request granularity).
 All torch work runs on one worker thread, so weight loads never race generation.
+
+LoRA adapters are served with ``peft``, unmerged: the base model is wrapped once, each
+policy's adapter sits beside it under the policy's name, and a new version overwrites
+that adapter's few tensors in place. Merging instead would rewrite every adapted base
+weight on each version and could serve only one policy per copy of the base; the
+unmerged adapter costs two thin matmuls per adapted layer.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 
 
 class HFRolloutBackend(RolloutBackend):
+    supports_adapters = True
+
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
@@ -52,6 +60,14 @@ class HFRolloutBackend(RolloutBackend):
         self._idle = asyncio.Event()
         self.model = None
         self._tied: set[str] = set()
+        self._adapter_configs: dict[str, dict] = {}
+
+    def configure_adapters(self, max_rank: int, names: list[str]) -> None:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ImportError("serving LoRA adapters with raas=hf needs peft: pip install "
+                              "'astraflow-plugin-raas-hf[lora]'") from None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,7 +122,8 @@ class HFRolloutBackend(RolloutBackend):
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, req in enumerate(requests):
-            groups[(req.temperature, req.top_p, tuple(req.stop_token_ids))].append(i)
+            groups[(req.temperature, req.top_p, tuple(req.stop_token_ids),
+                    req.adapter)].append(i)
         out: list[list[Generation]] = [[] for _ in requests]
         limit = max(1, self.config.max_batch_size)
         for indices in groups.values():
@@ -120,8 +137,27 @@ class HFRolloutBackend(RolloutBackend):
 
     @torch.inference_mode()
     def _generate_rows(self, rows: list[GenerationRequest]) -> list[Generation]:
+        first = rows[0]
+        with self._adapter(first.adapter):
+            return self._sample(rows)
+
+    @contextlib.contextmanager
+    def _adapter(self, name: str | None):
+        """Generate with adapter ``name``; one not loaded yet is its version 0, the base."""
+        if name is None or name not in self._adapter_configs:
+            if hasattr(self.model, "disable_adapter"):
+                with self.model.disable_adapter():
+                    yield
+                return
+            yield
+            return
+        self.model.set_adapter(name)
+        yield
+
+    def _sample(self, rows: list[GenerationRequest]) -> list[Generation]:
         model = self.model
         first = rows[0]
+        version = self.adapter_versions.get(first.adapter, 0) if first.adapter else self.version
         if first.seed is not None:
             torch.manual_seed(first.seed)
         pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -160,7 +196,7 @@ class HFRolloutBackend(RolloutBackend):
                 if tok in stop:
                     ids, reason = ids[: pos + 1], "stop"
                     break
-            out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, self.version))
+            out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, version))
         return out
 
     async def load_weights(self, path: str, version: int) -> None:
@@ -179,6 +215,34 @@ class HFRolloutBackend(RolloutBackend):
         if unexpected or missing:
             raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
+
+    async def load_adapter(self, name: str, path: str, version: int) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load_adapter, name, path)
+        self.adapter_versions[name] = version
+
+    def _load_adapter(self, name: str, path: str) -> None:
+        import json
+        from pathlib import Path
+
+        from peft import PeftModel, set_peft_model_state_dict
+
+        config = json.loads((Path(path) / "adapter_config.json").read_text())
+        if name in self._adapter_configs and self._adapter_configs[name] != config:
+            self.model.delete_adapter(name)  # another rank or targets: load it afresh
+            del self._adapter_configs[name]
+        if name in self._adapter_configs:  # a new version: overwrite its tensors in place
+            state = load_file(os.path.join(path, "adapter_model.safetensors"))
+            result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+            if result.unexpected_keys:
+                raise ValueError(f"adapter at {path} does not fit {name}'s: unexpected "
+                                 f"{result.unexpected_keys[:5]}")
+        elif isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=name)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+        self.model.eval()
+        self._adapter_configs[name] = config
 
     async def pause(self) -> None:
         self._open.clear()

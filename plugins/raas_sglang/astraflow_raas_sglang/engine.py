@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import shutil
+import tempfile
 import uuid
 from typing import Any
 
@@ -20,11 +22,13 @@ import httpx
 from astraflow.contracts import RolloutBackend
 from astraflow.errors import ConfigError
 from astraflow.types import Generation, GenerationRequest
+from astraflow.weights.base import copy_adapter
 from astraflow_raas_sglang.errors import INSTALL_HINT, SGLangServerError, SGLangUnavailableError
 from astraflow_raas_sglang.protocol import (
     PAUSE_MODES,
     generate_payload,
     json_body,
+    lora_server_args,
     parse_generations,
     weights_payload,
 )
@@ -32,6 +36,8 @@ from astraflow_raas_sglang.server import ManagedServer
 
 
 class SGLangRolloutBackend(RolloutBackend):
+    supports_adapters = True
+
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
         self.server: ManagedServer | None = None
@@ -41,6 +47,12 @@ class SGLangRolloutBackend(RolloutBackend):
         self._idle = asyncio.Event()
         self._inflight = 0
         self._loaded: tuple[str, int] | None = None  # reapplied after a restart
+        self._lora_args: list[str] | None = None
+        self._adapters: dict[str, tuple[str, str]] = {}  # policy -> (adapter name, path)
+        self._lora_dir: str | None = None
+
+    def configure_adapters(self, max_rank: int, names: list[str]) -> None:
+        self._lora_args = lora_server_args(max_rank, len(names))
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -59,6 +71,7 @@ class SGLangRolloutBackend(RolloutBackend):
         else:
             self.server = ManagedServer(self.config, self.model_path, self.version,
                                         self._reload_after_restart)
+            self.server.extra_args = list(self._lora_args or [])
             self.url = self.server.url
         self._http = httpx.AsyncClient(base_url=self.url, timeout=self.config.request_timeout)
         if self.server is not None:
@@ -83,7 +96,10 @@ class SGLangRolloutBackend(RolloutBackend):
 
     async def _generate(self, request: GenerationRequest) -> list[Generation]:
         assert self._http is not None
-        payload = generate_payload(request, uuid.uuid4().hex)
+        # an adapter not loaded yet is its version 0: the base model
+        adapter = self._adapters.get(request.adapter) if request.adapter else None
+        version = self.adapter_versions[request.adapter] if adapter else self.version
+        payload = generate_payload(request, uuid.uuid4().hex, adapter[0] if adapter else None)
         while True:  # bounded: recover() raises once the restarts are used up
             seen = 0
             if self.server is not None:
@@ -98,7 +114,11 @@ class SGLangRolloutBackend(RolloutBackend):
                     ) from exc
                 await self.server.recover(seen, exc)
                 continue
-            return parse_generations(json_body(resp, "/generate"), request.n, self.version)
+            gens = parse_generations(json_body(resp, "/generate"), request.n, version)
+            if adapter:  # the server's weight_version is the base's; the adapter's is ours
+                for gen in gens:
+                    gen.version = version
+            return gens
 
     async def load_weights(self, path: str, version: int) -> None:
         path = os.path.abspath(path)
@@ -112,10 +132,37 @@ class SGLangRolloutBackend(RolloutBackend):
         if not (isinstance(body, dict) and body.get("success")):
             raise SGLangServerError(f"SGLang refused the weights at {path}: {body}")
 
+    async def load_adapter(self, name: str, path: str, version: int) -> None:
+        if self._lora_args is None:
+            raise RuntimeError("load_adapter before configure_adapters: the server was "
+                               "started without LoRA")
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.mkdtemp(prefix="astraflow-sglang-lora-")
+        lora_name = f"{name}-v{version}"
+        # a restarted server reads it again: a copy the node's weights cannot prune
+        own = copy_adapter(path, self._lora_dir, lora_name)
+        await self._load_lora(lora_name, own)
+        old = self._adapters.get(name)
+        self._adapters[name] = (lora_name, own)
+        self.adapter_versions[name] = version
+        if old is not None:
+            await self._call("POST", "/unload_lora_adapter", {"lora_name": old[0]})
+            shutil.rmtree(old[1], ignore_errors=True)
+
+    async def _load_lora(self, lora_name: str, path: str) -> None:
+        body = await self._call("POST", "/load_lora_adapter",
+                                {"lora_name": lora_name, "lora_path": path})
+        if not (isinstance(body, dict) and body.get("success")):
+            why = body.get("error_message") if isinstance(body, dict) else body
+            raise SGLangServerError(f"SGLang refused the adapter at {path}: {why}")
+
     async def _reload_after_restart(self) -> None:
-        """A restarted server starts from the base model: give it the weights it had."""
+        """A restarted server starts from the base model: give it the weights and the
+        adapters it had."""
         if self._loaded is not None:
             await self._update_weights(*self._loaded)
+        for lora_name, path in self._adapters.values():
+            await self._load_lora(lora_name, path)
 
     async def pause(self) -> None:
         self._open.clear()
@@ -144,6 +191,8 @@ class SGLangRolloutBackend(RolloutBackend):
         return json_body(resp, route)
 
     async def shutdown(self) -> None:
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         if self.server is not None:
             await self.server.stop()
         if self._http is not None:

@@ -17,11 +17,13 @@ from astraflow_raas_sglang.errors import SGLangServerError
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
+def generate_payload(request: GenerationRequest, rid: str,
+                     lora_name: str | None = None) -> dict[str, Any]:
     """Token in: the prompt as ids, one request for all ``n`` samples (shared prefix).
 
     ``ignore_eos`` makes the requested stop ids the only stop condition, as with every
-    other backend; workflows pass the end-of-sequence id themselves.
+    other backend; workflows pass the end-of-sequence id themselves. ``lora_name``
+    names a loaded adapter (SGLang's ``lora_path`` takes a name or a path).
     """
     sampling: dict[str, Any] = {
         "max_new_tokens": request.max_new_tokens,
@@ -34,7 +36,7 @@ def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
         sampling["stop_token_ids"] = list(request.stop_token_ids)
     if request.seed is not None:
         sampling["sampling_seed"] = request.seed
-    return {
+    payload = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
         "return_logprob": True,
@@ -42,6 +44,17 @@ def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
         "rid": rid,
         "stream": False,
     }
+    if lora_name is not None:
+        payload["lora_path"] = lora_name
+    return payload
+
+
+def lora_server_args(max_rank: int, adapters: int) -> list[str]:
+    """``launch_server`` flags for adapters loaded later: every policy's in one batch,
+    and room for each one's next version while the previous is unloaded."""
+    return ["--enable-lora", "--max-lora-rank", str(max_rank),
+            "--max-loras-per-batch", str(adapters), "--max-loaded-loras", str(2 * adapters),
+            "--lora-target-modules", "all"]
 
 
 def weights_payload(path: str, version: int) -> dict[str, Any]:

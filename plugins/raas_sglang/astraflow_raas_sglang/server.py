@@ -69,6 +69,8 @@ class ManagedServer:
         self._stop = asyncio.Event()
         self._health = httpx.AsyncClient(base_url=self.url, timeout=config.health_timeout)
         self._supervisor: asyncio.Task | None = None
+        #: flags the backend adds (LoRA serving)
+        self.extra_args: list[str] = []
 
     def command(self) -> list[str]:
         cfg = self.config
@@ -77,7 +79,7 @@ class ManagedServer:
                "--weight-version", str(self.initial_version), "--skip-tokenizer-init"]
         if cfg.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(cfg.mem_fraction_static)]
-        return cmd + [str(a) for a in cfg.server_args]
+        return cmd + self.extra_args + [str(a) for a in cfg.server_args]
 
     async def start(self) -> None:
         await self._launch()

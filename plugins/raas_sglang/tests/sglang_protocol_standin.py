@@ -4,7 +4,9 @@ SGLang does not install on CPU machines, so the backend's protocol tests run aga
 this server: it takes ``sglang.launch_server``'s flags (unknown flags are errors) and
 serves the routes, field names and answer shapes of SGLang's native API
 (``/health``, ``/get_model_info``, ``/generate``, ``/pause_generation``,
-``/continue_generation``, ``/update_weights_from_disk``) with a real tiny torch model.
+``/continue_generation``, ``/update_weights_from_disk``, and with ``--enable-lora``
+``/load_lora_adapter``, ``/unload_lora_adapter`` and ``/generate``'s ``lora_path``) with a
+real tiny torch model (its adapters through ``peft``).
 Like SGLang it rejects unknown sampling keys and invalid sampling values, answers ``n > 1``
 with a list, reports ``(logprob, token_id, text)`` triples computed on
 temperature-scaled logits, and holds new requests while generation is paused.
@@ -49,6 +51,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
+    p.add_argument("--max-loaded-loras", type=int)
+    p.add_argument("--lora-target-modules", nargs="+")
     args = p.parse_args(argv)
     if not args.skip_tokenizer_init:
         p.error("this protocol stand-in implements the --skip-tokenizer-init mode only")
@@ -93,8 +100,38 @@ class Engine:
         self.version = version
         self.executor = ThreadPoolExecutor(max_workers=1)
         self.abort_epoch = 0
+        self.adapters: set[str] = set()
 
-    def generate(self, ids: list[int], sp: dict[str, Any]) -> list[dict[str, Any]]:
+    def load_lora(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if name in self.adapters:
+            raise ValueError(f"The LoRA adapter {name!r} is already loaded")
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=name)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+        self.model.eval()
+        self.adapters.add(name)
+
+    def unload_lora(self, name: str) -> None:
+        if name not in self.adapters:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded")
+        self.model.delete_adapter(name)
+        self.adapters.discard(name)
+
+    def generate(self, ids: list[int], sp: dict[str, Any],
+                 lora: str | None = None) -> list[dict[str, Any]]:
+        import contextlib
+
+        if lora is not None:
+            self.model.set_adapter(lora)
+            return self._generate(ids, sp)
+        off = self.model.disable_adapter() if self.adapters else contextlib.nullcontext()
+        with off:
+            return self._generate(ids, sp)
+
+    def _generate(self, ids: list[int], sp: dict[str, Any]) -> list[dict[str, Any]]:
         torch = self.torch
         n, epoch = sp["n"], self.abort_epoch
         gen = torch.Generator()
@@ -162,7 +199,7 @@ class Engine:
         self.model.load_state_dict(state, strict=True)
 
 
-def build_app(engine: Engine) -> FastAPI:
+def build_app(engine: Engine, lora: bool = False) -> FastAPI:
     app = FastAPI()
     running = asyncio.Event()  # cleared while generation is paused
     running.set()
@@ -197,9 +234,14 @@ def build_app(engine: Engine) -> FastAPI:
             sp = sampling_params(body.get("sampling_params") or {})
         except (SamplingError, TypeError) as exc:
             return error(str(exc))
+        adapter = body.get("lora_path")
+        if adapter is not None and not lora:
+            return error("LoRA is not enabled: start the server with --enable-lora")
+        if adapter is not None and adapter not in engine.adapters:
+            return error(f"LoRA adapter {adapter!r} is not loaded")
         await running.wait()  # SGLang holds new requests while paused
         loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(engine.executor, engine.generate, ids, sp)
+        results = await loop.run_in_executor(engine.executor, engine.generate, ids, sp, adapter)
         if not body.get("return_logprob"):
             for res in results:
                 del res["meta_info"]["output_token_logprobs"]
@@ -250,6 +292,36 @@ def build_app(engine: Engine) -> FastAPI:
             message += f" Weight version updated to {engine.version}."
         return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await request.json()
+        calls.append({"route": "/load_lora_adapter", "body": body,
+                      "paused": not running.is_set()})
+        if not lora:
+            return error("LoRA is not enabled: start the server with --enable-lora")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(engine.executor, engine.load_lora, body["lora_name"],
+                                       body["lora_path"])
+        except (ValueError, OSError, KeyError) as exc:
+            return JSONResponse({"success": False, "error_message": str(exc),
+                                 "loaded_adapters": sorted(engine.adapters)})
+        return JSONResponse({"success": True, "error_message": "",
+                             "loaded_adapters": sorted(engine.adapters)})
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = await request.json()
+        calls.append({"route": "/unload_lora_adapter", "body": body})
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(engine.executor, engine.unload_lora, body["lora_name"])
+        except (ValueError, KeyError) as exc:
+            return JSONResponse({"success": False, "error_message": str(exc),
+                                 "loaded_adapters": sorted(engine.adapters)})
+        return JSONResponse({"success": True, "error_message": "",
+                             "loaded_adapters": sorted(engine.adapters)})
+
     @app.get("/standin/calls")
     async def get_calls() -> list[dict[str, Any]]:
         return calls
@@ -269,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     engine = Engine(args.model_path, args.weight_version)
     print(f"protocol stand-in: model loaded in {time.time() - started:.1f} s", flush=True)
-    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(build_app(engine, lora=args.enable_lora), host=args.host, port=args.port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

@@ -209,6 +209,60 @@ def test_a_chat_checkpoint_samples_the_trainers_log_probs(standin_on_path, chat_
     assert worst < 1e-4
 
 
+def test_adapters_are_served_by_name_with_the_trainers_log_probs(standin_on_path,
+                                                                 tiny_model_dir, tmp_path):
+    """LoRA: the server starts with --enable-lora; an adapter is loaded by name and a
+    request that names it samples the log-probs a LoRA trainer holding it computes."""
+    from astraflow.testing.rollout import logprob_gap, make_adapter
+
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    worst, count = logprob_gap("sglang", "hf", tiny_model_dir, adapter=adapter,
+                               raas_config=standin_config(tmp_path / "logs"))
+    assert count >= 8
+    assert worst < 1e-4
+
+
+def test_each_adapter_version_replaces_the_last_and_stamps_its_generations(
+        standin_on_path, tiny_model_dir, tmp_path):
+    from astraflow.testing.rollout import make_adapter, prompt_ids
+    from astraflow.types import GenerationRequest
+
+    first = make_adapter(tiny_model_dir, tmp_path / "v1", seed=1)
+    second = make_adapter(tiny_model_dir, tmp_path / "v2", seed=2)
+    backend = SGLangRolloutBackend(standin_config(tmp_path / "logs"), tiny_model_dir)
+    backend.configure_adapters(16, ["solver", "verifier"])
+    loop = LoopThread()
+    loop.run(backend.start())
+    try:
+        assert "--enable-lora" in backend.server.command()
+        ids = prompt_ids(tiny_model_dir, "12+7=")
+
+        def greedy(adapter):
+            [gen] = loop.run(backend.generate(GenerationRequest(
+                ids, max_new_tokens=6, temperature=0.0, adapter=adapter)))
+            return gen
+
+        base = greedy("solver")  # nothing loaded yet: version 0, the base model
+        assert base.version == 0
+        for version, path in ((1, first), (2, second)):
+            loop.run(backend.pause())
+            loop.run(backend.load_adapter("solver", str(path), version))
+            loop.run(backend.resume())
+        solver, verifier = greedy("solver"), greedy("verifier")
+        assert solver.version == 2 and verifier.version == 0
+        assert verifier.token_ids == base.token_ids
+        assert solver.logprobs != base.logprobs  # the adapter changes the model
+        calls = httpx.get(f"{backend.url}/standin/calls").json()
+        lora_calls = [(c["route"], c["body"]["lora_name"]) for c in calls
+                      if "lora" in c["route"]]
+        assert lora_calls == [("/load_lora_adapter", "solver-v1"),
+                              ("/load_lora_adapter", "solver-v2"),
+                              ("/unload_lora_adapter", "solver-v1")]
+    finally:
+        loop.run(backend.shutdown())
+        loop.close()
+
+
 def test_a_server_that_cannot_start_is_reported_with_its_log(standin_on_path, tmp_path):
     children_before = _children()
     backend = SGLangRolloutBackend(standin_config(tmp_path), str(tmp_path / "no-model"))

@@ -11,15 +11,23 @@ Weights are refreshed in place with vLLM's ``reload_weights`` from the node's lo
 already delta-patched copy, and every token is stamped with the weight version the
 engine itself reports for it, so a reload racing the last outputs of a request cannot
 mislabel them.
+
+LoRA adapters go through vLLM's own LoRA support: each version of a policy's adapter is
+added under a new adapter id (a ``LoRARequest``) and the previous id removed once the
+new one is loaded, so requests in flight finish on the adapter they started with and
+the base weights are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import os
+import shutil
 import struct
+import tempfile
 import uuid
 from multiprocessing import resource_tracker
 from typing import Any
@@ -28,11 +36,13 @@ import psutil
 
 from astraflow.contracts import RolloutBackend
 from astraflow.types import Generation, GenerationRequest
+from astraflow.weights.base import copy_adapter
 
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import tokens_input
+    from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -45,6 +55,8 @@ except (ImportError, RuntimeError, OSError) as exc:  # torchvision's failure is 
     ) from exc
 
 GIB = 1 << 30
+#: the adapter ranks vLLM compiles for (``max_lora_rank``)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def tensor_shapes(directory: str) -> dict[str, list[int]]:
@@ -62,12 +74,27 @@ def tensor_shapes(directory: str) -> dict[str, list[int]]:
 
 
 class VLLMRolloutBackend(RolloutBackend):
+    supports_adapters = True
+
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
         self.engine: AsyncLLM | None = None
         self._shapes: dict[str, list[int]] = {}
         self._owns_tracker = False
         self._processes: list[psutil.Process] = []
+        self._lora: dict[str, Any] | None = None  # engine LoRA settings, when serving them
+        self._loaded: dict[str, LoRARequest] = {}  # adapter name -> its current request
+        self._ids = itertools.count(1)
+        self._lora_dir: str | None = None
+
+    def configure_adapters(self, max_rank: int, names: list[str]) -> None:
+        fitting = [r for r in LORA_RANKS if r >= max_rank]
+        if not fitting:
+            raise ValueError(f"trainer.lora.rank={max_rank}: vLLM serves ranks up to "
+                             f"{LORA_RANKS[-1]}")
+        # every policy's adapter in one batch, and room for each one's next version
+        self._lora = {"enable_lora": True, "max_lora_rank": fitting[0],
+                      "max_loras": len(names), "max_cpu_loras": 2 * len(names)}
 
     async def start(self) -> None:
         cfg = self.config
@@ -93,6 +120,7 @@ class VLLMRolloutBackend(RolloutBackend):
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # the request's sampling settings, not the model's
             disable_log_stats=True,
+            **(self._lora or {}),
         )
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self.engine = AsyncLLM.from_engine_args(args)
@@ -128,20 +156,45 @@ class VLLMRolloutBackend(RolloutBackend):
         )
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
+        # an adapter not loaded yet is its version 0: the base model
+        lora = self._loaded.get(request.adapter) if request.adapter else None
+        version = self.adapter_versions[request.adapter] if lora is not None else None
         stream = self._engine().generate(tokens_input(list(request.prompt_ids)),
                                          self.sampling_params(request),
-                                         request_id=uuid.uuid4().hex)
+                                         request_id=uuid.uuid4().hex, lora_request=lora)
         [final] = [out async for out in stream]  # FINAL_ONLY: one output per request
-        gens = [self._generation(out) for out in sorted(final.outputs, key=lambda o: o.index)]
+        gens = [self._generation(out, version)
+                for out in sorted(final.outputs, key=lambda o: o.index)]
         return gens * request.n if request.temperature <= 0 else gens
 
-    def _generation(self, out: CompletionOutput) -> Generation:
+    def _generation(self, out: CompletionOutput, version: int | None = None) -> Generation:
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended a sequence with {out.finish_reason!r}")
         ids = list(out.token_ids)
         logprobs = list(out.logprobs.logprobs)  # logprobs=0: one entry per position
-        version = min(int(span.version) for span in out.weight_versions)
+        if version is None:  # whole weights: the versions the engine generated them with
+            version = min(int(span.version) for span in out.weight_versions)
         return Generation(ids, logprobs, out.finish_reason, version)
+
+    async def load_adapter(self, name: str, path: str, version: int) -> None:
+        engine = self._engine()
+        if self._lora is None:
+            raise RuntimeError("load_adapter before configure_adapters: the engine was "
+                               "started without LoRA")
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.mkdtemp(prefix="astraflow-vllm-lora-")
+        # vLLM may read an adapter from its path again (after evicting it)
+        own = copy_adapter(path, self._lora_dir, f"{name}-v{version}")
+        request = LoRARequest(lora_name=f"{name}-v{version}", lora_int_id=next(self._ids),
+                              lora_path=own)
+        if not await engine.add_lora(request):
+            raise ValueError(f"vLLM refused the adapter at {path} for {name}")
+        old = self._loaded.get(name)
+        self._loaded[name] = request
+        self.adapter_versions[name] = version
+        if old is not None:
+            await engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     async def load_weights(self, path: str, version: int) -> None:
         engine = self._engine()
@@ -168,6 +221,9 @@ class VLLMRolloutBackend(RolloutBackend):
 
     async def shutdown(self) -> None:
         engine, self.engine = self.engine, None
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
         if engine is None:
             return
         # joins the engine core, which first waits for its worker processes
