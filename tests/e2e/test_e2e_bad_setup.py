@@ -153,11 +153,25 @@ def test_a_mistyped_launcher_setting_is_named(tmp_path, override, said):
     (["trainer.world_size=2", "trainer.tensor_model_parallel_size=2"],
      "trainer=hf shards by data parallelism (FSDP2) only"),
     (["trainer.cpu_offload=true"], "trainer.cpu_offload=true offloads FSDP2 shards"),
+    (["+trainer=megatron", "trainer.lora.rank=16"],
+     "trainer=megatron trains whole models only; train LoRA adapters with trainer=hf"),
+    (["trainer.lora.rank=16", "raas=sim"], "raas=sim cannot serve LoRA adapters"),
+    (["trainer.lora.rank=16", "trainer.lora.alpha=0"], "trainer.lora.alpha=0.0 must be > 0"),
 ])
 def test_a_trainer_layout_that_cannot_be_is_refused_before_anything_starts(tmp_path,
                                                                            overrides, said):
     line = refused(launch(tmp_path, *overrides), tmp_path)
     assert said in line, line
+
+
+def test_a_lora_target_that_matches_no_layer_is_refused_before_anything_starts(
+        tmp_path, tiny_model_dir):
+    line = refused(launch(tmp_path, f"model.path={tiny_model_dir}", "trainer.lora.rank=16",
+                          "trainer.lora.target_modules=[q_proj,attn_qkv]"), tmp_path)
+    assert line == (f"astraflow: error: trainer.lora.target_modules: ['attn_qkv'] match no "
+                    f"module of {tiny_model_dir}; its linear layers are ['down_proj', "
+                    "'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', "
+                    "'v_proj'] (or use 'all-linear')")
 
 
 @pytest.mark.parametrize("component", ["train", "raas", "eval"])

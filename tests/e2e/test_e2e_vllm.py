@@ -12,7 +12,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from astraflow.testing.rollout import logprob_gap
+from astraflow.testing.rollout import logprob_gap, make_adapter
 
 pytest.importorskip("vllm")
 
@@ -25,6 +25,20 @@ TOLERANCE = 1e-4
 def test_raas_vllm_logprobs_match_trainer_hf(tiny_model_dir):
     worst, count = logprob_gap("vllm", "hf", tiny_model_dir)
     print(f"max |vllm behaviour - hf recomputed| log-prob over {count} tokens: {worst:.2e}")
+    assert count >= 12
+    assert worst < TOLERANCE
+
+
+@pytest.mark.slow
+def test_raas_vllm_adapter_logprobs_match_trainer_hf_with_that_adapter(tiny_model_dir,
+                                                                       tmp_path):
+    """vLLM serves a LoRA adapter through a LoRARequest (its CPU LoRA kernels); a LoRA
+    trainer holding the same adapter recomputes the same log-probs."""
+    pytest.importorskip("peft")
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    worst, count = logprob_gap("vllm", "hf", tiny_model_dir, adapter=adapter)
+    print(f"max |vllm behaviour - hf recomputed| log-prob with an adapter over {count} "
+          f"tokens: {worst:.2e}")
     assert count >= 12
     assert worst < TOLERANCE
 
