@@ -56,10 +56,20 @@ def _write_url(store: Path, url: str) -> None:
     tmp.replace(store / URL_FILE)
 
 
+class _Server(uvicorn.Server):
+    """Ends the service's long polls before uvicorn waits for open requests to finish."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        service = getattr(self.config.app.state, "service", None)
+        if service is not None:
+            service.close_waits()
+        await super().shutdown(sockets)
+
+
 def _server(app: FastAPI) -> uvicorn.Server:
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=75, timeout_graceful_shutdown=5)
-    return uvicorn.Server(config)
+    return _Server(config)
 
 
 def serve(settings: DataflowSettings, host: str, port: int, token: str,

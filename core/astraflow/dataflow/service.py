@@ -192,6 +192,8 @@ class DataflowService:
         self._load()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._arrival: dict[str, asyncio.Event] = {}
+        #: set when the server stops: long polls end at once
+        self.closing = False
         self._changed: asyncio.Event | None = None
         #: set (and replaced) when a policy's new version is durable: wakes only the
         #: version long-polls, which every lease and submission would otherwise wake
@@ -349,10 +351,21 @@ class DataflowService:
         self._arrival[policy].set()
         self._arrival[policy] = asyncio.Event()
 
-    @staticmethod
-    async def _wait(event: asyncio.Event, timeout: float) -> None:
+    async def _wait(self, event: asyncio.Event, timeout: float) -> None:
+        if self.closing:
+            raise ServiceError(503, "the data layer is shutting down; retry")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
+        if self.closing:
+            raise ServiceError(503, "the data layer is shutting down; retry")
+
+    def close_waits(self) -> None:
+        """End every long poll now (a 503 its client retries): the server is stopping,
+        and a poll left waiting would hold its shutdown for the whole grace period."""
+        self.closing = True
+        for event in (self._changed, self._new_version, *self._arrival.values()):
+            if event is not None:
+                event.set()
 
     def _plugin_updates(self) -> list[tuple[str, str]]:
         """Plug-in states that changed since they were last written."""
