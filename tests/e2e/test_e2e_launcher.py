@@ -89,13 +89,15 @@ def _start_endless_run(run_dir, tiny_model_dir, output) -> subprocess.Popen:
     return launcher
 
 
-def test_ctrl_c_stops_every_component(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_kill_stops_every_component(tmp_path, tiny_model_dir, sig):
+    """Ctrl-C, or the SIGTERM of `kill`, `timeout` or a batch scheduler: the launcher
+    stops every component and returns; none is left behind waiting for the data layer."""
     import signal
-
 
     run_dir = tmp_path / "interrupted"
     launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.PIPE)
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(getattr(signal, sig))
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 130, err[-2000:]
     assert "stopping every component" in err

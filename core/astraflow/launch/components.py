@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 
 from astraflow.cli import command
 from astraflow.components import load_config
@@ -38,9 +39,19 @@ def _logging() -> None:
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+    """The first SIGTERM/SIGINT stops the component gracefully (a node finishes its
+    leases); a second one ends it at once, e.g. when the data layer it would report to
+    is gone."""
     stop = asyncio.Event()
+
+    def handle(sig: signal.Signals) -> None:
+        if stop.is_set():
+            print(f"astraflow: {sig.name} again; exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + sig.value)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, handle, sig)
     return stop
 
 

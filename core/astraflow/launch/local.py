@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,6 +369,19 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     return cfg, run_dir
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``, a batch scheduler) stops the run as Ctrl-C does.
+    Python's default would end the launcher alone: its components would get SIGTERM
+    from the kernel all at once, and nodes would wait minutes for the data layer that
+    just went away to take their leases back."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
 def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's)."""
     from astraflow.launch.progress import Progress
@@ -376,6 +391,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     job = job_cls(cfg, run_dir, resolve_token())
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
+    _stop_on_sigterm()
     try:
         job.start_dataflow()
         job.start_components()
@@ -398,6 +414,10 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
         job.collect()
     except KeyboardInterrupt:
         print("astraflow: interrupted; stopping every component", file=sys.stderr)
+        # a second signal must not cut the stop short and leave components running;
+        # the stop is bounded (each component gets SIGTERM, then SIGKILL)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         job.stop()
         return 130
     except (RuntimeError, TimeoutError) as exc:
