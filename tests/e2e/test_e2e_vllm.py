@@ -33,9 +33,11 @@ def test_raas_vllm_logprobs_match_trainer_hf(tiny_model_dir):
 def test_raas_vllm_adapter_logprobs_match_trainer_hf_with_that_adapter(tiny_model_dir,
                                                                        tmp_path):
     """vLLM serves a LoRA adapter through a LoRARequest (its CPU LoRA kernels); a LoRA
-    trainer holding the same adapter recomputes the same log-probs."""
+    trainer holding the same adapter recomputes the same log-probs. The adapter covers
+    the output layer too, as in +experiment=lora."""
     pytest.importorskip("peft")
-    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"])
     worst, count = logprob_gap("vllm", "hf", tiny_model_dir, adapter=adapter)
     print(f"max |vllm behaviour - hf recomputed| log-prob with an adapter over {count} "
           f"tokens: {worst:.2e}")

@@ -21,14 +21,18 @@ class LoraOptions:
     ``rank`` 0 trains every weight; above 0 every module named by ``target_modules`` (a
     list of module names, each matching a module whose name ends with it, or
     ``all-linear``) gets a rank-``rank`` adapter scaled by ``alpha / rank``, and only
-    the adapters are trained, kept in the optimiser and published. ``merge_final``
-    also writes the merged model next to the final adapter.
+    the adapters are trained, kept in the optimiser and published. ``lr_ratio`` is
+    LoRA+'s ratio of the learning rate of each adapter's ``B`` matrix to that of its
+    ``A`` (which is ``trainer.lr``): 1 is plain LoRA; B starts at zero and its larger
+    steps make adapters learn faster at the same stability (Hayou et al., 2024, suggest
+    16). ``merge_final`` also writes the merged model next to the final adapter.
     """
 
     rank: int = 0
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: Any = ALL_LINEAR
+    lr_ratio: float = 1.0
     merge_final: bool = False
 
 
@@ -54,6 +58,8 @@ def check_lora(lora: Any) -> None:
         raise ValueError(f"trainer.lora.alpha={lora.alpha} must be > 0")
     if not 0.0 <= lora.dropout < 1.0:
         raise ValueError(f"trainer.lora.dropout={lora.dropout} must lie in [0, 1)")
+    if lora.lr_ratio <= 0:
+        raise ValueError(f"trainer.lora.lr_ratio={lora.lr_ratio} must be > 0 (1: plain LoRA)")
     lora_targets(lora)
 
 

@@ -193,8 +193,8 @@ class PolicyGradientBackend(TrainerBackend):
                           strict=True))
         grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         lr = lr_at(cfg, self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for group in self.optimizer.param_groups:  # LoRA+ gives the B matrices a multiple
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         self.optimizer.step()
         self.step += 1
         metrics = {

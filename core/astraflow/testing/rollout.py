@@ -165,7 +165,7 @@ class RolloutBackendContract:
 
 
 def make_adapter(model_dir: str, out_dir: Path, rank: int = 16, scale: float = 0.3,
-                 seed: int = 0) -> Path:
+                 seed: int = 0, target_modules: Any = None) -> Path:
     """A LoRA adapter of ``model_dir`` as a trainer publishes it and a node hands it to
     its engine (``peft`` layout), far from zero so that it changes the outputs. Its
     values are bfloat16-exact, so the engine and a float32 trainer hold the same ones."""
@@ -177,6 +177,8 @@ def make_adapter(model_dir: str, out_dir: Path, rank: int = 16, scale: float = 0
     entry = get_registry().get("trainer_backend", "hf")
     config = OmegaConf.structured(entry.config_cls)
     config.lora.rank = rank
+    if target_modules is not None:
+        config.lora.target_modules = target_modules
     backend = entry.create(config, model_dir)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -246,6 +248,8 @@ def trainer_gap(trainer: str, model_dir: str, items: list[Any], adapter: Path | 
     """Max |behaviour - recomputed| log-prob over the trained tokens of ``items``
     (:class:`~astraflow.types.TrainItem`), recomputed by ``trainer`` on ``model_dir``
     (with the rank-``rank`` LoRA ``adapter`` when given)."""
+    import json
+
     from astraflow.types import Batch
 
     entry = get_registry().get("trainer_backend", trainer)
@@ -255,6 +259,8 @@ def trainer_gap(trainer: str, model_dir: str, items: list[Any], adapter: Path | 
         from safetensors.torch import load_file
 
         config.lora.rank = rank
+        saved = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        config.lora.target_modules = sorted(saved["target_modules"])
         backend = entry.create(config, model_dir)
         result = set_peft_model_state_dict(
             backend.model, load_file(str(Path(adapter) / "adapter_model.safetensors")))

@@ -119,14 +119,23 @@ class HFTrainerBackend(PolicyGradientBackend):
         pad = self.model.config.pad_token_id
         self.pad_token_id: int = 0 if pad is None else int(pad)
         self.optimizer = torch.optim.AdamW(
-            # only what trains has moments: with LoRA, the adapters alone
-            [p for p in self.model.parameters() if p.requires_grad],
+            self._param_groups(),
             lr=config.lr,
             betas=(config.beta1, config.beta2),
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
         self.step = 0
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """Only what trains has moments: with LoRA, the adapters alone, the B matrices
+        in a group of their own under LoRA+ (``lr_scale`` times the learning rate)."""
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        ratio = self.config.lora.lr_ratio if self.lora else 1.0
+        if ratio == 1.0:
+            return [{"params": [p for _, p in trained], "lr_scale": 1.0}]
+        return [{"params": [p for n, p in trained if ".lora_B." not in n], "lr_scale": 1.0},
+                {"params": [p for n, p in trained if ".lora_B." in n], "lr_scale": ratio}]
 
     def _adapt(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap ``model`` in ``peft`` LoRA adapters; the base weights are frozen."""
@@ -283,8 +292,13 @@ class HFTrainerBackend(PolicyGradientBackend):
                      no_dist=not self.sharded)
         for name, source in self.tied.items():
             loaded["model"][name] = loaded["model"][source]
+        if len(state["param_groups"]) != len(optim_state["param_groups"]):
+            raise ValueError(f"{src} was saved with trainer.lora.lr_ratio "
+                             f"{'=1' if len(state['param_groups']) == 1 else '!=1'}; this "
+                             "trainer's differs (LoRA+ keeps B matrices in a group apart)")
         groups = [
-            {**saved, "params": group["params"]}
+            # this run's lr_ratio, not the saved one: it may be changed on resuming
+            {**saved, "params": group["params"], "lr_scale": group["lr_scale"]}
             for saved, group in zip(state["param_groups"], optim_state["param_groups"],
                                     strict=True)
         ]

@@ -118,6 +118,7 @@ def test_a_target_module_that_matches_nothing_names_the_layers_there_are(tiny_mo
     ("rank", -1, "trainer.lora.rank=-1 must be >= 0"),
     ("dropout", 1.0, "trainer.lora.dropout=1.0 must lie in [0, 1)"),
     ("target_modules", [], "trainer.lora.target_modules=[]: give module names"),
+    ("lr_ratio", 0.0, "trainer.lora.lr_ratio=0.0 must be > 0"),
 ])
 def test_impossible_lora_settings_are_refused(setting, value, said):
     from astraflow_trainer_hf.backend import HFTrainerBackend
@@ -137,3 +138,35 @@ def test_named_targets_adapt_only_those_layers(tiny_model_dir):
     backend = HFTrainerBackend(config, tiny_model_dir)
     kinds = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in backend.export_weights()}
     assert kinds == {"q_proj", "v_proj"}
+
+
+def test_lora_plus_steps_the_b_matrices_at_a_multiple_of_the_rate(tiny_model_dir, tmp_path):
+    """trainer.lora.lr_ratio=4 (LoRA+): the B matrices step at 4x trainer.lr, the A
+    matrices at 1x, the schedule applied to both; a checkpoint resumes the same next
+    step; resuming it as plain LoRA is refused in one line."""
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    config = lora_config(lr=1e-3, lr_schedule="constant")
+    config.lora.lr_ratio = 4.0
+    backend = HFTrainerBackend(config, tiny_model_dir)
+    batch = arithmetic_batch(tiny_model_dir, [1.0, -1.0, 0.5, -0.5])
+    backend.train_step(with_behaviour_logprobs(backend, batch))
+    names = {id(p): n for n, p in backend.model.named_parameters()}
+    rates = {}
+    for group in backend.optimizer.param_groups:
+        for param in group["params"]:
+            rates[names[id(param)]] = group["lr"]
+    assert {rates[n] for n in rates if ".lora_A." in n} == {1e-3}
+    assert {rates[n] for n in rates if ".lora_B." in n} == {4e-3}
+    backend.save_checkpoint(str(tmp_path / "ckpt"))
+    resumed = HFTrainerBackend(config, tiny_model_dir)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    a, b = (m.train_step(with_behaviour_logprobs(m, batch)) for m in (backend, resumed))
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    after = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
+    for name, param in backend.model.named_parameters():
+        if param.requires_grad:
+            torch.testing.assert_close(param, after[name], rtol=1e-6, atol=1e-7)
+    plain = HFTrainerBackend(lora_config(lr=1e-3), tiny_model_dir)
+    with pytest.raises(ValueError, match="lr_ratio"):
+        plain.load_checkpoint(str(tmp_path / "ckpt"))
