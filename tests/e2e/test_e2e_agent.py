@@ -123,13 +123,16 @@ def test_an_agent_driving_its_own_calls_learns(tmp_path):
     workflow)."""
     (tmp_path / "agent.py").write_text((EXAMPLES / "answer_agent.py").read_text())
     run_dir = tmp_path / "run"
+    # 350 steps rather than the default 600, so a larger rate than the default 3e-4
     launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "steps=350",
-               "batch_size=256", "eval_every=50", f"run_dir={run_dir}", timeout=1500)
+               "batch_size=256", "eval_every=50", "trainer.lr=5e-4", f"run_dir={run_dir}",
+               timeout=1500)
     result = run_summary(run_dir)["policy"]
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured 0.19 -> 0.42 (+23 points) in 300 steps, about 6.5 min on 2 CPU cores
+    # measured 0.19 -> 0.48 (+29 points) in about 6 min on 2 CPU cores; at lr 3e-4 it
+    # gained +20 to +23, too close to the bound
     assert gain >= 0.20
     assert all(r["reward_failed"] == 0 for r in records(run_dir, "train"))
 
