@@ -161,7 +161,10 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     for group, default in DEFAULT_OPTIONS.items():
         if group not in named:
             out.append(f"+{group}={default}")
-    return out
+    # an experiment sets values inside other groups (trainer.lr, trainer.lora...): it is
+    # merged after every group's option, or the option's defaults would replace them
+    experiments = [ov for ov in out if (m := _GROUP_RE.match(ov)) and m["group"] == "experiment"]
+    return [ov for ov in out if ov not in experiments] + experiments
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

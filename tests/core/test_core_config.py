@@ -61,3 +61,18 @@ def test_unknown_option_names_installed_ones_and_pip_install():
         compose_config(["+raas=tpu_magic"])
     message = str(err.value)
     assert "hf" in message and "pip install astraflow-plugin-raas-tpu-magic" in message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+experiment=lora"],
+    ["+experiment=lora", "+trainer=hf", "+raas=vllm"],
+    ["trainer=hf", "+experiment=lora"],
+])
+def test_an_experiment_sets_values_inside_other_groups(overrides):
+    """+experiment=lora sets trainer.lr and trainer.lora: the trainer option, named or
+    the default, must not put its own defaults back over them."""
+    cfg = compose_config(overrides)
+    assert cfg.trainer.lora.rank == 16 and cfg.trainer.lr == pytest.approx(2e-3)
+    assert "lm_head" in cfg.trainer.lora.target_modules
+    # a value on the command line still wins over the experiment's
+    assert compose_config([*overrides, "trainer.lr=1e-3"]).trainer.lr == pytest.approx(1e-3)
