@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from astraflow.testing import launch_run, run_summary
 
@@ -143,6 +144,12 @@ def test_short_runs_with_a_chat_checkpoint(tmp_path, chat_model_dir, backends):
            f"trainer={trainer}", "+experiment=smoke", f"run_dir={run_dir}")
     result = summary(run_dir)
     assert result["steps"] == 3 and result["final_eval_accuracy"] is not None
+    assert result["trajectories_trained"] == 3 * 8
+    assert OmegaConf.load(run_dir / "config.yaml").raas.name == raas
+    # the evaluator's engine scored the start weights and, reloaded in place (vLLM: its
+    # reload_weights), the final ones
+    evals = [json.loads(line) for line in (run_dir / "metrics" / "eval-policy.jsonl").open()]
+    assert [e["version"] for e in evals] == [0, 3]
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run_dir / "final" / "policy")

@@ -1,16 +1,13 @@
-"""raas=vllm end to end: its behaviour log-probs match the HF trainer's, and a run learns.
+"""raas=vllm's behaviour log-probs match the HF trainer's, for whole models and adapters.
 
-Each test starts real vLLM engines on CPU (tens of seconds each), so they are few.
+Each test starts a real vLLM engine on CPU (tens of seconds each), so they are few. A run
+on vLLM is tested with a chat checkpoint in test_e2e_own_model.py, with LoRA adapters in
+test_e2e_lora.py.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from omegaconf import OmegaConf
 
 from astraflow.testing.rollout import logprob_gap, make_adapter
 
@@ -45,21 +42,3 @@ def test_raas_vllm_adapter_logprobs_match_trainer_hf_with_that_adapter(tiny_mode
     assert worst < TOLERANCE
 
 
-@pytest.mark.slow
-def test_a_run_on_vllm_trains_and_evaluates(tmp_path, tiny_model_dir):
-    """`python -m astraflow +raas=vllm`: the node and the evaluator both serve on vLLM."""
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "astraflow", "+raas=vllm", "+experiment=smoke",
-         f"run_dir={run_dir}", f"model.path={tiny_model_dir}", "launcher.progress=false"],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert OmegaConf.load(run_dir / "config.yaml").raas.name == "vllm"
-    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
-    assert summary["steps"] == 3
-    assert summary["trajectories_trained"] == 3 * 8
-    assert summary["final_eval_accuracy"] is not None
-    evals = [json.loads(line) for line in (run_dir / "metrics" / "eval-policy.jsonl").open()]
-    # the evaluator's engine scored the start weights and, reloaded in place, the final ones
-    assert [e["version"] for e in evals] == [0, 3]
