@@ -60,7 +60,7 @@ class TrainerRuntime:
 
     def _adapter(self, backend: Any) -> dict[str, Any] | None:
         """What every version of a LoRA stream says of itself: its base and config."""
-        config = getattr(backend, "adapter_config", lambda: None)()
+        config = backend.adapter_config()
         if config is None:
             return None
         from astraflow.weights.base import base_sha256
