@@ -130,6 +130,24 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
         return None
 
 
+def _unknown_option(exc: Exception) -> str | None:
+    """Hydra's 'Could not find group/option' (a file-based group such as experiment) in
+    one line with the options there are."""
+    import difflib
+    import re
+
+    found = re.search(r"Could not find '([A-Za-z_]+)/([^']+)'", str(exc))
+    if found is None:
+        return None
+    from astraflow.config import group_options
+
+    group, option = found.groups()
+    options = group_options(group)
+    near = difflib.get_close_matches(option, options, n=1)
+    return (f"{group}={option} is not an option; {group} has: {', '.join(options)}"
+            + (f" (did you mean {near[0]}?)" if near else ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     _load_subcommands()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -153,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if not isinstance(exc, HydraException | OmegaConfBaseException):
             raise
-        print(f"astraflow: config error: {_unknown_setting(exc, argv) or exc}",
+        said = _unknown_setting(exc, argv) or _unknown_option(exc) or exc
+        print(f"astraflow: config error: {said}",
               file=sys.stderr)
         code = 2
     except KeyboardInterrupt:

@@ -130,6 +130,9 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
      "launcher.trainer.num_gpu is not a setting; launcher.trainer has: num_cpus, num_gpus"),
     # a top-level setting: the nearest names
     ("stepz=3", "stepz is not a setting; did you mean steps?"),
+    # an option of a group made of files (experiment): the options there are
+    ("+experiment=lorra", "experiment=lorra is not an option; experiment has: lora, smoke "
+     "(did you mean lora?)"),
     # a rollout pool's settings are free-form in the config, so checked by the launcher
     ("launcher.pools={a: {nodez: 2}}",
      "launcher.pools.a: nodez is not a pool setting; a pool has: nodes, num_cpus"),
