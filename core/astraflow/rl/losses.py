@@ -23,6 +23,8 @@ from torch import Tensor
 M2PO_TAU = 0.01
 _M2PO_MAX_EPS_LOW = 0.95
 _M2PO_MAX_EPS_HIGH = 20.0
+#: what ``policy_loss`` does to importance weights above ``cap``: nothing, truncate, mask
+CORRECTIONS = ("none", "tis", "mis")
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -49,13 +51,20 @@ def token_entropy(logits: Tensor) -> Tensor:
 class PolicyLoss:
     """The loss to backpropagate and detached per-token *sums* for metrics.
 
-    Sums (not means) so a backend can add them over micro-batches and divide once.
+    Sums (not means) so a backend can add them over micro-batches and divide once;
+    ``gap_max`` is a maximum, combined with ``max``. ``corrected_tokens`` counts the
+    trained tokens whose weight the rollout correction truncated or masked (0 without
+    one); ``beyond_cap`` the trained tokens with ratio > cap or < 1 / cap, whatever the
+    correction; ``gap_max`` is the largest ``|logp - old_logp|`` over trained tokens.
     """
 
     loss: Tensor
     clipped_tokens: Tensor
     ratio_sum: Tensor
     kl_sum: Tensor
+    corrected_tokens: Tensor
+    beyond_cap: Tensor
+    gap_max: Tensor
 
 
 def policy_loss(
@@ -68,6 +77,8 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
     num_tokens: float | None = None,
+    correction: str = "none",
+    cap: float = 2.0,
 ) -> PolicyLoss:
     """PPO-clip / GRPO objective with an optional k3 KL penalty, as a loss to minimise.
 
@@ -77,19 +88,47 @@ def policy_loss(
     A`` (M2PO when the batch is inside its trust region). ``advantages`` broadcasts
     to ``[B, T]`` (``[B, 1]`` for one advantage per sequence). The KL term is the k3
     estimator ``exp(ref - logp) - (ref - logp) - 1`` against ``ref_logp``.
+
+    ``old_logp`` comes from the rollout engine (its kernels, its precision, maybe older
+    weights) and a backend takes one optimiser step per batch, so ``ratio`` is the
+    importance weight pi_trainer / pi_engine. The clip bounds it only in the direction
+    the advantage rewards: for A < 0 a large ratio makes ``-A * ratio`` unbounded,
+    which is how an engine/trainer mismatch blows a run up. ``correction`` bounds it:
+
+    - ``none``: the ratio as is.
+    - ``tis`` (truncated IS, Yao et al. 2025): the weight is ``min(ratio, cap)`` in value
+      and in gradient (``min(ratio, cap) * dlogp``), i.e. ``ratio * min(1, cap /
+      ratio)`` with the factor detached.
+    - ``mis`` (masked IS, Liu et al. 2025): a token with ratio > cap contributes
+      nothing, value or gradient, but still counts in the token mean.
+
+    Whether PPO (or M2PO's bounds) clips a token is decided on the uncorrected ratio as
+    without a correction: a clipped token keeps the clipped value and gets no gradient.
     """
+    if correction not in CORRECTIONS:
+        raise ValueError(f"rollout correction {correction!r}: choose one of {list(CORRECTIONS)}")
     trained = mask.bool()
     count = float(trained.sum()) if num_tokens is None else float(num_tokens)
     advantages = advantages.expand_as(logp)
     log_ratio = torch.where(trained, logp - old_logp, 0.0)
     ratio = log_ratio.exp()
-    per_token = -advantages * ratio
+    log_cap = math.log(cap)
+    above = trained & (log_ratio.detach() > log_cap)
+    if correction == "tis":  # in log space, so a ratio that overflows still truncates
+        weight = (log_ratio - (log_ratio - log_cap).clamp(min=0.0).detach()).exp()
+    elif correction == "mis":  # exp never sees a masked token's log-ratio, nor its inf
+        weight = torch.where(above, 0.0, log_ratio).exp()
+    else:
+        weight = ratio
+    per_token = -advantages * weight
     clipped = torch.zeros_like(trained)
     if clip is not None:
         eps_low, eps_high = clip
-        bounded = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-        clipped = trained & (bounded > per_token)
-        per_token = torch.maximum(per_token, bounded)
+        bounded = -advantages * ratio.detach().clamp(1.0 - eps_low, 1.0 + eps_high)
+        clipped = trained & (bounded > -advantages * ratio.detach())
+        per_token = torch.where(clipped, bounded, per_token)
+    if correction == "mis":
+        per_token = torch.where(above, 0.0, per_token)
     kl_sum = logp.new_zeros(())
     if ref_logp is not None and kl_coef:
         ref_delta = torch.where(trained, ref_logp - logp, 0.0)
@@ -97,11 +136,15 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
         kl_sum = torch.where(trained, kl, 0.0).sum().detach()
     loss = torch.where(trained, per_token, 0.0).sum() / max(count, 1.0)
+    gap = log_ratio.detach().abs()
     return PolicyLoss(
         loss=loss,
         clipped_tokens=clipped.sum().detach(),
         ratio_sum=torch.where(trained, ratio, 0.0).sum().detach(),
         kl_sum=kl_sum,
+        corrected_tokens=(above if correction != "none" else torch.zeros_like(above)).sum(),
+        beyond_cap=(trained & (gap > log_cap)).sum(),
+        gap_max=gap.max() if gap.numel() else gap.new_zeros(()),
     )
 
 

@@ -92,6 +92,14 @@ class PolicyGradientOptions:
     ``lr_schedule`` is ``constant``, ``linear`` or ``cosine``: after ``warmup_steps`` of
     linear warm-up the rate decays from ``lr`` to ``min_lr_ratio * lr`` at
     ``total_steps`` (0: the run's ``steps``, filled in by the runtime).
+
+    ``rollout_correction`` bounds the importance weight pi_trainer / pi_engine of each
+    token (the rollout engine's log-probs come from other kernels and precision, maybe
+    older weights): ``none``; ``tis`` truncates weights above ``rollout_correction_cap``
+    to the cap (truncated IS); ``mis`` drops tokens whose weight is above it from the
+    loss (masked IS). PPO/M2PO clipping applies as without one (see
+    :func:`astraflow.rl.losses.policy_loss`). Whatever the mode, the train metrics
+    report the engine-vs-trainer log-prob gap and the fraction of tokens beyond the cap.
     """
 
     name: str = ""
@@ -108,6 +116,8 @@ class PolicyGradientOptions:
     eps_high: float = 0.28
     m2po_tau: float = 0.01
     kl_coef: float = 0.0
+    rollout_correction: str = "none"
+    rollout_correction_cap: float = 2.0
     max_grad_norm: float = 1.0
     num_threads: int = 0
     lr_schedule: str = "cosine"
