@@ -3,6 +3,7 @@
 from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
 from astraflow.rewards.base import RewardConfig
+from astraflow.rewards.code import CodeRewardConfig
 from astraflow.rewards.math import MathConfig
 from astraflow.rewards.python import PythonRewardConfig
 from astraflow.rewards.regex import RegexConfig
@@ -57,6 +58,8 @@ def astraflow_register_rewards(register):
              description="The pattern's first group in the completion equals the answer.")
     register("python", "astraflow.rewards.python:PythonReward", PythonRewardConfig,
              description="A function in your own file: reward.path=FILE reward.function=NAME.")
+    register("code", "astraflow.rewards.code:CodeReward", CodeRewardConfig,
+             description="Runs the completion's Python against the task's test cases in a sandbox.")
 
 
 @hookimpl

@@ -1,0 +1,598 @@
+"""Runs untrusted, model-written Python without letting it reach the node that runs it.
+
+A program may loop forever, fork without end, allocate all memory, print without end,
+open sockets, write anywhere or signal the trainer. Each of those ends as a
+:class:`SandboxResult` with a status, and the caller carries on. No single mechanism
+holds against all of them, so the run stacks layers, each covering another's gaps
+(:attr:`Sandbox.layers` names the ones in force where it runs):
+
+- ``netns``/``pidns``: fresh user, network and PID namespaces (``network="namespace"``):
+  no interface but a downed loopback, and when the program's first process ends the
+  kernel kills every process it left, even one that escaped its process group.
+- ``landlock-fs``/``-tcp``/``-scope``: the kernel refuses writes outside the private
+  directory, TCP bind/connect, and signals to processes outside the sandbox, for the
+  program and everything it starts -- through libc or ``sh`` as much as through Python.
+- ``cgroup-pids``: a pids cgroup caps the tasks (as root RLIMIT_NPROC does not count).
+- ``rlimits``: address space, CPU seconds, file size, no core dumps; ``rlimit-nproc``
+  when the program runs as a non-root user, for whom the kernel enforces it.
+- ``nocaps``: no capabilities, so root's cannot undo any of the above.
+- ``audit``: ``sys.addaudithook`` refusals inside the interpreter -- writes outside the
+  directory, sockets and name lookups (``network="refuse"``), and, where Landlock is
+  missing, starting programs, ``ctypes`` and signals outside the process group. Code
+  can get past a hook with enough effort; the kernel layers are the ones that hold.
+- the process group is killed (``SIGKILL``) on timeout and after every run.
+
+The child is this file run as a script, so it imports the standard library only, and
+the parent's asyncio only inside the functions that use it: a run starts a third faster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
+
+NETWORK_MODES = ("auto", "namespace", "refuse")
+#: the child tells which layers it put in force (read by the probe in ``Sandbox.__init__``)
+LAYERS_ENV = "ASTRAFLOW_SANDBOX_LAYERS"
+#: exit codes of the child: it ran out of memory / could not confine itself
+_MEMORY_EXIT = 86
+_SETUP_FAILED = 125
+#: after the program ends, how long its pipes may stay open (a process that escaped
+#: every kill holding them) before the output is taken as it is
+_DRAIN_SECONDS = 1.0
+_PROBE = f"import os\nprint(os.environ.get({LAYERS_ENV!r}, ''))\n"
+_probed: dict[str, SandboxResult] = {}
+_probe_lock = threading.Lock()
+
+
+@dataclass
+class SandboxConfig:
+    """Limits of one run. ``network``: ``namespace`` (a fresh network namespace),
+    ``refuse`` (the interpreter refuses sockets), ``auto`` (namespace where the kernel
+    allows one, else refuse)."""
+
+    timeout: float = 5.0  # wall-clock seconds per run; the whole process group is killed
+    memory_mb: int = 512  # address space (RLIMIT_AS) of each process
+    max_processes: int = 32  # processes and threads at once: a fork bomb fails to fork
+    max_output_bytes: int = 65536  # stdout and stderr each; beyond it the run is killed
+    concurrency: int = 4  # runs at once per Sandbox; the others wait
+    network: str = "auto"
+    cpu_seconds: int = 0  # RLIMIT_CPU; 0: the timeout plus one second
+    max_file_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
+
+
+@dataclass
+class SandboxResult:
+    """How a run ended. ``status``: ``ok`` (exit 0), ``error`` (non-zero exit),
+    ``timeout``, ``memory`` (MemoryError, or killed by the kernel), ``output_limit``
+    (printed more than ``max_output_bytes``), ``sandbox_error`` (the sandbox could not
+    confine the program, which therefore did not run). ``pid`` is the run's process
+    group, gone when the run returns."""
+
+    status: str
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Sandbox:
+    """Runs programs, ``concurrency`` at a time: :meth:`run` calls share one limit per
+    event loop, :meth:`run_sync` calls (from any threads) share another.
+
+    The network mode is decided once, here, by running a probe program: a sandbox that
+    cannot confine anything fails now, in one line, not on every sample later.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        if self.config.network not in NETWORK_MODES:
+            raise ValueError(f"sandbox network={self.config.network!r}: use one of "
+                             f"{', '.join(NETWORK_MODES)}")
+        for name in ("timeout", "memory_mb", "max_processes", "max_output_bytes",
+                     "concurrency", "max_file_mb"):
+            if getattr(self.config, name) <= 0:
+                raise ValueError(f"sandbox {name}={getattr(self.config, name)} must be positive")
+        self._cgroup_parent = _pids_cgroup_parent()
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
+        self._slots = weakref.WeakKeyDictionary()
+        self._sync_slots = threading.BoundedSemaphore(self.config.concurrency)
+        self.network_mode = self._choose_network()
+        self.layers: tuple[str, ...] = tuple(
+            filter(None, self._probe(self.network_mode).stdout.strip().split(",")))
+
+    async def run(self, code: str, stdin: str = "", files: dict[str, str] | None = None,
+                  timeout: float | None = None) -> SandboxResult:
+        """Run ``code`` with ``stdin`` in a fresh directory holding ``files`` (relative
+        path: text). Never raises for what the program does."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.config.concurrency))
+        async with slots:
+            return await self._execute(code, stdin, files, timeout, self.network_mode)
+
+    def run_sync(self, code: str, stdin: str = "", files: dict[str, str] | None = None,
+                 timeout: float | None = None) -> SandboxResult:
+        """:meth:`run` for callers without an event loop (blocks the calling thread)."""
+        with self._sync_slots:
+            return _in_new_loop(self._execute(code, stdin, files, timeout, self.network_mode))
+
+    def _choose_network(self) -> str:
+        wanted = self.config.network
+        if wanted in ("auto", "namespace"):
+            probe = self._probe("namespace")
+            if probe.ok:
+                return "namespace"
+            if wanted == "namespace":
+                raise RuntimeError(f"sandbox network='namespace' is not available here "
+                                   f"({_last_line(probe.stderr)}); use network='refuse'")
+        probe = self._probe("refuse")
+        if not probe.ok:
+            raise RuntimeError(f"the sandbox cannot run programs here: {_last_line(probe.stderr)}")
+        return "refuse"
+
+    def _probe(self, mode: str) -> SandboxResult:
+        with _probe_lock:
+            if mode not in _probed:
+                _probed[mode] = _in_new_loop(self._execute(_PROBE, "", None, 30.0, mode))
+            return _probed[mode]
+
+    async def _execute(self, code: str, stdin: str, files: dict[str, str] | None,
+                       timeout: float | None, mode: str) -> SandboxResult:
+        import asyncio
+
+        config = self.config
+        limit = config.timeout if timeout is None else timeout
+        root = Path(tempfile.mkdtemp(prefix="astraflow-sandbox-")).resolve()
+        cgroup: Path | None = None
+        proc: asyncio.subprocess.Process | None = None
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            work, tmp, program = root / "work", root / "tmp", root / "program.py"
+            work.mkdir()
+            tmp.mkdir()
+            _write_files(work, files or {})
+            program.write_text(code, encoding="utf-8")
+            cgroup = self._new_cgroup()
+            settings = {
+                "work": str(work), "tmp": str(tmp), "program": str(program), "network": mode,
+                "cgroup": str(cgroup) if cgroup else "",
+                "memory_bytes": config.memory_mb * 2**20,
+                "cpu_seconds": config.cpu_seconds or math.ceil(limit) + 1,
+                "max_processes": config.max_processes,
+                "max_file_bytes": config.max_file_mb * 2**20,
+            }
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(work),
+                   "TMPDIR": str(tmp), "LANG": "C.UTF-8"}
+            started = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", str(Path(__file__).resolve()), json.dumps(settings),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=work, env=env, start_new_session=True)
+            over = asyncio.Event()
+            out, err = bytearray(), bytearray()
+            exited, overflow = (asyncio.create_task(proc.wait()),
+                                asyncio.create_task(over.wait()))
+            tasks = [exited, overflow, asyncio.create_task(_feed(proc.stdin, stdin.encode())),
+                     asyncio.create_task(_drain(proc.stdout, out, config.max_output_bytes, over)),
+                     asyncio.create_task(_drain(proc.stderr, err, config.max_output_bytes, over))]
+            done, _ = await asyncio.wait({exited, overflow}, timeout=limit,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            overflow.cancel()
+            _kill(proc.pid, cgroup)
+            returncode = await exited
+            seconds = time.monotonic() - started
+            _kill(proc.pid, cgroup)  # whatever the program left in its group
+            await asyncio.wait(tasks[2:], timeout=_DRAIN_SECONDS)
+            if not done:
+                status = "timeout"
+            elif over.is_set():
+                status = "output_limit"
+            else:
+                status = _status(returncode)
+            return SandboxResult(status, returncode, out.decode("utf-8", "replace"),
+                                 err.decode("utf-8", "replace"), seconds, proc.pid)
+        finally:  # also when the caller cancels the run (e.g. its own timeout)
+            for task in tasks:
+                task.cancel()
+            if proc is not None and proc.returncode is None:
+                _kill(proc.pid, cgroup)
+            shutil.rmtree(root, ignore_errors=True)  # before any await: a closed loop
+            if cgroup is not None:  # may never resume this coroutine
+                await _remove_cgroup(cgroup)
+
+    def _new_cgroup(self) -> Path | None:
+        if self._cgroup_parent is None:
+            return None
+        cgroup = self._cgroup_parent / f"astraflow-sandbox-{uuid.uuid4().hex[:16]}"
+        cgroup.mkdir()
+        (cgroup / "pids.max").write_text(str(self.config.max_processes + 1))  # +1: the relay
+        return cgroup
+
+
+def _in_new_loop(coroutine: Coroutine[Any, Any, SandboxResult]) -> SandboxResult:
+    """Runs ``coroutine`` to the end, on a thread of its own if this one has a loop."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1, thread_name_prefix="sandbox") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _write_files(work: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        target = (work / name).resolve()
+        if not target.is_relative_to(work) or target == work:
+            raise ValueError(f"sandbox files: {name!r} is not a relative path inside the "
+                             "program's directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+
+
+async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
+    if pipe is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+    pipe.close()
+
+
+async def _drain(pipe: asyncio.StreamReader | None, into: bytearray, limit: int,
+                 over: asyncio.Event) -> None:
+    """Reads to the end, keeping ``limit`` bytes: a pipe nobody reads would block the
+    program, and one read after the other could deadlock with it."""
+    if pipe is None:
+        return
+    while chunk := await pipe.read(65536):
+        room = limit - len(into)
+        into += chunk[:max(room, 0)]
+        if len(chunk) > room:
+            over.set()
+
+
+def _kill(pgid: int | None, cgroup: Path | None) -> None:
+    """SIGKILL to the run's process group, and to every task of its cgroup: those also
+    hold the processes that left the group (setsid)."""
+    pids = [-pgid] if pgid else []
+    if cgroup is not None:
+        with contextlib.suppress(OSError):
+            pids += [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _remove_cgroup(cgroup: Path, seconds: float = 5.0) -> None:
+    """A cgroup can be removed once its last task is reaped, shortly after the kill."""
+    import asyncio
+
+    deadline = time.monotonic() + seconds
+    while cgroup.exists() and time.monotonic() < deadline:
+        _kill(None, cgroup)
+        with contextlib.suppress(OSError):
+            cgroup.rmdir()
+            return
+        await asyncio.sleep(0.01)
+
+
+def _pids_cgroup_parent() -> Path | None:
+    """Where this process may create pids cgroups (cgroup v1 or v2), or None."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        memberships = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    paths = {}  # controller ("" for cgroup v2): this process's cgroup
+    for _, controllers, path in (line.split(":", 2) for line in memberships):
+        paths.update(dict.fromkeys(controllers.split(","), path.lstrip("/")))
+    for _, point, fstype, options, *_ in (line.split() for line in mounts):
+        v1 = fstype == "cgroup" and "pids" in options.split(",") and "pids" in paths
+        if not (v1 or (fstype == "cgroup2" and "" in paths)):
+            continue
+        candidate = Path(point) / paths["pids" if v1 else ""]
+        probe = candidate / f"astraflow-sandbox-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            if not v1 and "pids" not in (candidate / "cgroup.subtree_control").read_text():
+                continue
+            probe.mkdir()
+            probe.rmdir()
+        except OSError:
+            continue
+        return candidate
+    return None
+
+
+def _status(returncode: int) -> str:
+    if returncode == 0:
+        return "ok"
+    if returncode == _SETUP_FAILED:
+        return "sandbox_error"
+    if returncode in (_MEMORY_EXIT, -signal.SIGKILL):  # an unexplained SIGKILL: OOM killer
+        return "memory"
+    if returncode == -signal.SIGXCPU:
+        return "timeout"
+    return "error"
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1]
+
+
+# -- the child: this file run as ``python -I sandbox.py SETTINGS`` -------------------------
+
+_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+#: Landlock filesystem rights that change the filesystem, by the ABI that added them
+_LANDLOCK_WRITES = {1: 0b1_1111_1111_0010, 2: 1 << 13, 3: 1 << 14}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+#: audit events that change the filesystem: (indices of their paths, of their dir_fds)
+_PATH_EVENTS = {
+    "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
+    "os.rename": ((0, 1), (2, 3)), "os.link": ((0, 1), (2, 3)), "os.symlink": ((1,), (2,)),
+    "os.truncate": ((0,), ()), "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)),
+    "os.utime": ((0,), (3,)), "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)),
+    "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ()),
+}
+_LOOKUP_EVENTS = {"socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex",
+                  "socket.gethostbyaddr", "socket.getnameinfo"}
+_ADDRESS_EVENTS = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"}
+_SPAWN_EVENTS = {"os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen",
+                 "ctypes.dlopen", "pty.spawn"}
+
+
+def _child(settings: dict[str, Any]) -> None:
+    """Confines this process (and, with namespaces, a forked first process of a fresh
+    PID namespace), then runs the program. A step that fails ends the run unstarted."""
+    step = "start"
+    try:
+        layers = []
+        if settings["cgroup"]:
+            step = "join the pids cgroup"
+            Path(settings["cgroup"], "cgroup.procs").write_text(str(os.getpid()))
+            layers.append("cgroup-pids")
+        if settings["network"] == "namespace":
+            step = "enter user, network and PID namespaces"
+            _enter_namespaces()
+            layers += ["netns", "pidns"]
+            child = os.fork()
+            if child:
+                _relay(child)
+            _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        step = "set resource limits"
+        layers += _set_limits(settings)
+        step = "restrict itself with Landlock"
+        layers += _landlock([settings["work"], settings["tmp"]])
+        step = "drop its capabilities"
+        _drop_capabilities()
+        layers.append("nocaps")
+    except OSError as exc:
+        print(f"astraflow sandbox: could not {step}: {exc}", file=sys.stderr)
+        os._exit(_SETUP_FAILED)
+    os.environ[LAYERS_ENV] = ",".join([*layers, "audit"])
+    sys.addaudithook(_audit_hook(
+        (os.path.realpath(settings["work"]), os.path.realpath(settings["tmp"])),
+        refuse_network=settings["network"] != "namespace",
+        refuse_spawn="landlock-fs" not in layers,
+        refuse_signals="pidns" not in layers and "landlock-scope" not in layers))
+    _run_program(settings["program"], settings["work"])
+
+
+def _libc() -> Any:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        import ctypes
+
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+    return result
+
+
+def _enter_namespaces() -> None:
+    uid, gid = os.geteuid(), os.getegid()
+    _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWPID), "unshare")
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+
+
+def _relay(child: int) -> None:
+    """Waits for the namespace's first process and ends as it ended; killing this
+    process kills it (PR_SET_PDEATHSIG), and with it the whole PID namespace."""
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number != signal.SIGKILL:
+            signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _set_limits(settings: dict[str, Any]) -> list[str]:
+    import resource
+
+    def limit(kind: int, soft: int, hard: int | None = None) -> None:
+        _, current = resource.getrlimit(kind)
+        hard = soft if hard is None else hard
+        if current != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current), min(hard, current)
+        resource.setrlimit(kind, (soft, hard))
+
+    limit(resource.RLIMIT_AS, settings["memory_bytes"])
+    limit(resource.RLIMIT_CPU, settings["cpu_seconds"], settings["cpu_seconds"] + 1)
+    limit(resource.RLIMIT_FSIZE, settings["max_file_bytes"])
+    limit(resource.RLIMIT_CORE, 0)
+    limit(resource.RLIMIT_NPROC, settings["max_processes"])
+    return ["rlimits"] if os.geteuid() == 0 else ["rlimits", "rlimit-nproc"]
+
+
+def _landlock(writable: list[str]) -> list[str]:
+    """Writes only under ``writable`` (and to /dev/null), no TCP, no signals or abstract
+    sockets out of the sandbox -- as far as this kernel's Landlock ABI goes."""
+    import ctypes
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64),
+                    ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    libc = _libc()
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return []  # no Landlock in this kernel: the audit hook refuses more instead
+    writes = sum(bits for version, bits in _LANDLOCK_WRITES.items() if abi >= version)
+    attr = RulesetAttr(writes, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+    ruleset = _check(libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                                  ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)),
+                     "landlock_create_ruleset")
+    rules = [(path, writes) for path in writable]
+    rules.append(("/dev/null", 0b10 | (1 << 14 if abi >= 3 else 0)))  # write, truncate
+    for path, allowed in rules:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = PathBeneath(allowed, fd)
+            _check(libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0),
+                   f"landlock_add_rule {path}")
+        finally:
+            os.close(fd)
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
+    return ["landlock-fs"] + (["landlock-tcp"] if abi >= 4 else []) + (
+        ["landlock-scope"] if abi >= 6 else [])
+
+
+def _drop_capabilities() -> None:
+    """Empty capability sets; with no_new_privs no exec gives them back, not even root's."""
+    import ctypes
+
+    libc = _libc()
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(header, data), "capset")
+
+
+def _audit_hook(writable: tuple[str, ...], refuse_network: bool, refuse_spawn: bool,
+                refuse_signals: bool) -> Any:
+    """Refusals inside the interpreter: an early, readable PermissionError where the
+    kernel layers would fail later, and the only guard where they are missing."""
+    import socket
+
+    def inside(path: Any) -> bool:
+        if isinstance(path, int):  # an open file descriptor
+            return True
+        real = os.path.realpath(os.fsdecode(path))
+        return real == "/dev/null" or any(
+            real == d or real.startswith(d + os.sep) for d in writable)
+
+    def refuse(what: str) -> None:
+        raise PermissionError(f"sandbox: {what} is not allowed")
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open":
+            if args[2] & _WRITE_FLAGS and not inside(args[0]):
+                refuse(f"writing {args[0]!r} outside the program's directory")
+        elif event in _PATH_EVENTS:
+            paths, dir_fds = _PATH_EVENTS[event]
+            if any(args[i] not in (None, -1) for i in dir_fds):
+                refuse(f"{event} relative to a directory descriptor")
+            for i in paths:
+                if not inside(args[i]):
+                    refuse(f"{event} on {args[i]!r} outside the program's directory")
+        elif event == "socket.__new__":
+            if refuse_network and args[1] != socket.AF_UNIX:
+                refuse("network access")
+        elif event in _ADDRESS_EVENTS:
+            address = args[1]
+            if isinstance(address, str | bytes):
+                if not address or address[:1] in ("\0", b"\0") or not inside(address):
+                    refuse(f"a socket at {address!r}")
+            elif refuse_network:
+                refuse("network access")
+        elif event in _LOOKUP_EVENTS and refuse_network:
+            refuse("name lookup")
+        elif event in _SPAWN_EVENTS and refuse_spawn:
+            refuse(f"{event} without Landlock to confine it")
+        elif event in ("os.kill", "os.killpg") and refuse_signals:
+            target = args[0]
+            own = os.getpgrp()
+            if event == "os.killpg" and target not in (0, own):
+                refuse("signalling processes outside the sandbox")
+            if event == "os.kill" and target != 0 and not _in_group(target, own):
+                refuse("signalling processes outside the sandbox")
+
+    return hook
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return pid > 0 and os.getpgid(pid) == group
+    except OSError:
+        return False
+
+
+def _run_program(program: str, work: str) -> None:
+    """Runs the program as ``__main__``, its directory importable, and ends as Python
+    would -- except that a MemoryError exits with a code of its own."""
+    import builtins
+    import traceback
+    import types
+
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, work)
+    sys.argv = [program]
+    module = types.ModuleType("__main__")
+    module.__file__ = program
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = module
+    try:
+        source = Path(program).read_text(encoding="utf-8")
+        exec(compile(source, program, "exec"), module.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.exit(_MEMORY_EXIT if isinstance(exc, MemoryError) else 1)
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))
