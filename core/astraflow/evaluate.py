@@ -23,6 +23,7 @@ from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy, start_engines
 from astraflow.rewards.base import FAILED as REWARD_FAILED
+from astraflow.rewards.base import reward_metric_means
 
 log = logging.getLogger("astraflow.eval")
 
@@ -53,13 +54,20 @@ class Evaluator:
                         "temperature": temperature}
             handles = {role: EnginePolicy(p, backends[p], defaults) for role, p in roles.items()}
             results = await asyncio.gather(*(workflow.run(t, handles, samples) for t in tasks))
+            # a workflow marks trajectories that are not the policy's answer to the
+            # task (a solver's retry after a verdict) ``eval: false``
             mine = [traj for trajs in results for traj in trajs
-                    if roles.get(traj.policy, traj.policy) == self.policy]
+                    if roles.get(traj.policy, traj.policy) == self.policy
+                    and traj.metadata.get("eval", True)]
             # a sample whose reward failed scores 0 here: held-out accuracy never looks
             # better because the reward broke; the failures are counted beside it
             out[key] = sum(t.reward for t in mine) / max(len(mine), 1)
-            out[f"{key.removesuffix('_accuracy')}_reward_failed"] = sum(
+            prefix = key.removesuffix("_accuracy")
+            out[f"{prefix}_reward_failed"] = sum(
                 bool(t.metadata.get(REWARD_FAILED)) for t in mine)
+            # the reward's extra metrics (a pair's final accuracy beside the solver's own)
+            for name, value in reward_metric_means([t.metadata for t in mine]).items():
+                out[f"{prefix}_{name.removeprefix('reward/')}"] = value
         workflow.config = base
         return out
 

@@ -45,12 +45,20 @@ def test_batches_hold_only_their_policys_sequences_with_foreign_tokens_masked(
                 return await asyncio.gather(*(workflow.run(lease.task, handles, 4)
                                               for lease in leases))
 
+            made = {"solver": 0, "verifier": 0}
             for lease, trajectories in zip(leases, loop.run(rollouts()), strict=True):
                 assert client.submit(lease, trajectories)["status"] == "accepted"
+                for traj in trajectories:
+                    made[traj.policy] += 1
+            # every attempt's first answer; balanced verdicts: as many on right answers
+            # as on wrong ones, so fewer than the attempts
+            assert made["solver"] >= 24 and made["verifier"] <= 24
             foreign_seen = 0
             for policy, other in (("solver", "verifier"), ("verifier", "solver")):
-                batch = client.get_batch(policy, 24, timeout=10, trainer_id=policy)
-                assert batch is not None and len(batch.items) == 24
+                if not made[policy]:
+                    continue
+                batch = client.get_batch(policy, made[policy], timeout=10, trainer_id=policy)
+                assert batch is not None and len(batch.items) == made[policy]
                 for item in batch.items:
                     traj = item.trajectory
                     assert traj.policy == policy
@@ -61,9 +69,9 @@ def test_batches_hold_only_their_policys_sequences_with_foreign_tokens_masked(
                             foreign_seen += 1
                             assert set(traj.versions[span.start:span.end]) == {-1}
                     assert sum(traj.loss_mask) > 0
-            # a verifier sees the solver's answer unless the solver answered with its end
-            # token alone (then there is nothing to show); a retried solver sees a verdict
-            assert foreign_seen >= 12
+            # a retried solver sees a verdict; a verifier sees the solver's answer unless the
+            # solver answered with its end token alone (then there is nothing to show)
+            assert foreign_seen >= made["solver"] - 24
     finally:
         for engine in engines.values():
             loop.run(engine.shutdown())

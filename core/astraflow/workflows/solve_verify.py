@@ -2,11 +2,29 @@
 
 Protocol (character-level, like the tiny tokenizer): the solver sees ``a+b=`` and
 answers; the verifier sees ``a+b=ANSWER:`` and says ``y`` or ``n``; on ``n`` the solver
-sees its history, the verdict and ``=``, and answers once more. Rewards: the solver's is
-the correctness of its final answer; the verifier's is 1 when its verdict matches the
-truth of the answer it judged. Every attempt yields exactly one trajectory per policy,
-so both policies receive the same number of samples per task. Each trajectory trains
-only its own policy: the other policy's tokens are in the context and loss-masked.
+sees its first answer, the verdict and ``=`` (``a+b=ANSWER:n=``) and answers once more.
+
+Credit, so that each role learns what it controls:
+
+- The solver's *first answer* is a trajectory of its own, rewarded by its correctness
+  alone and grouped with the task's other first answers -- exactly the signal the solver
+  gets when it trains alone, so the verifier never takes credit away from it.
+- A *retry* is a second solver trajectory: the first answer and the verdict are context
+  (masked), the retried answer is trained, rewarded by its correctness and grouped with
+  the task's other retries (``<group>/retry``). The verifier thus buys the solver extra
+  attempts exactly where it was wrong: a task whose first answers all failed, which
+  teaches a lone solver nothing, still teaches it through the retries that succeed.
+  Retries do not count in held-out accuracy (``eval: false``).
+- The verifier is rewarded 1 for a correct verdict, on right and on wrong answers alike.
+  With ``balance_verifier`` it trains only on groups that judged both right and wrong
+  answers (the others are judged and acted on, not trained on): a weak solver is wrong
+  most of the time, and a verifier trained on every group learns that ``n`` is nearly
+  always right -- then it rejects everything and its verdict says nothing.
+
+The solver's trajectories report ``first_answer`` and ``final_answer`` (after the retry)
+as reward metrics, so a run shows both the solver's own accuracy and the pair's.
+Each trajectory trains only its own policy: the other policy's tokens are in the
+context and loss-masked.
 """
 
 from __future__ import annotations
@@ -21,6 +39,10 @@ from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 ACCEPT, REJECT = "y", "n"
+#: trajectory metadata: False keeps a trajectory out of held-out accuracy
+EVAL = "eval"
+#: the source of an earlier turn of the same policy shown again as context
+EARLIER = "earlier"
 
 
 @dataclass
@@ -31,7 +53,16 @@ class SolveVerifyConfig:
     max_new_tokens: int = 6
     temperature: float = 1.0
     retry: bool = True
+    balance_verifier: bool = True
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+
+
+@dataclass
+class _Attempt:
+    first: Trajectory
+    verdict: Trajectory
+    answer_right: bool
+    retry: Trajectory | None
 
 
 class SolveVerifyWorkflow(Workflow):
@@ -43,7 +74,8 @@ class SolveVerifyWorkflow(Workflow):
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:
-        """Supervised examples of both formats, so both policies start able to answer."""
+        """Supervised examples of all three formats -- answer, verdict, retry -- so both
+        policies start able to play their part, right and wrong answers equally often."""
         rng = random.Random(seed)
         out = list(tasks)
         for task in tasks:
@@ -51,6 +83,8 @@ class SolveVerifyWorkflow(Workflow):
             wrong = truth + rng.choice([-2, -1, 1, 2, 10, -10])
             for shown, verdict in ((truth, ACCEPT), (wrong, REJECT)):
                 out.append(Task(f"{task.task_id}:{shown}", f"{task.prompt}{shown}:", verdict))
+            out.append(Task(f"{task.task_id}:{wrong}:retry",
+                            f"{task.prompt}{wrong}:{REJECT}=", task.answer))
         return out
 
     async def _generate(self, policy: PolicyHandle, context: list[int]) -> Generation:
@@ -63,46 +97,82 @@ class SolveVerifyWorkflow(Workflow):
     def _text(self, gen: Generation) -> str:
         return self.completion_text(gen.token_ids).strip()
 
+    def _without_stop(self, gen: Generation) -> list[int]:
+        """The answer as text, without the end token that closed it."""
+        ids = list(gen.token_ids)
+        return ids[:-1] if ids and ids[-1] in self.tokenizer.stop_token_ids else ids
+
     async def _attempt(self, task: Task, policies: dict[str, PolicyHandle],
-                       group_id: str) -> list[Trajectory]:
+                       group_id: str) -> _Attempt:
         tok = self.tokenizer
         prompt = tok.encode_prompt(task.prompt)
+        meta = {"task_type": task.task_type}
         solver = TrajectoryBuilder(task.task_id, group_id)
         solver.add_context(prompt)
         gen = await self._generate(policies["solver"], solver.tokens)
         solver.add_generation("solver", gen)
-        answer = self._text(gen)
-        first = await self.score(task, answer)
-        correct = first.value > 0
-        # the verifier judges the answer as text, without the solver's end token
-        keep = len(gen.token_ids) - int(bool(gen.token_ids)
-                                        and gen.token_ids[-1] in tok.stop_token_ids)
+        first = await self.score(task, self._text(gen))
+        right = first.value > 0
+        answer = self._without_stop(gen)
         verifier = TrajectoryBuilder(task.task_id, group_id)
         verifier.add_context(prompt)
-        verifier.add_generation("solver", Generation(gen.token_ids[:keep], gen.logprobs[:keep],
+        verifier.add_generation("solver", Generation(answer, gen.logprobs[:len(answer)],
                                                      gen.finish_reason, gen.version))
         verifier.add_context(tok.encode(":"))
         verdict_gen = await self._generate(policies["verifier"], verifier.tokens)
         verifier.add_generation("verifier", verdict_gen)
         verdict = self._text(verdict_gen)[:1]
-        judged_right = verdict in (ACCEPT, REJECT) and (verdict == ACCEPT) == correct
-        retried = verdict == REJECT and self.config.retry
-        if retried:
-            solver.add_context(tok.encode(":"))
-            solver.add_generation("verifier", verdict_gen)
-            solver.add_context(tok.encode("="))
-            retry = await self._generate(policies["solver"], solver.tokens)
-            solver.add_generation("solver", retry)
-        final = await self.score(task, self._text(retry)) if retried else first
-        meta = {"task_type": task.task_type, "retried": retried, "verdict": verdict}
+        judged_right = verdict in (ACCEPT, REJECT) and (verdict == ACCEPT) == right
+        retry = None
+        final = first
+        if verdict == REJECT and self.config.retry:
+            again = TrajectoryBuilder(task.task_id, f"{group_id}/retry")
+            again.add_context(prompt)
+            again.add_context(answer, source=EARLIER)
+            again.add_context(tok.encode(":"))
+            again.add_generation("verifier", Generation(
+                self._without_stop(verdict_gen), verdict_gen.logprobs[:len(
+                    self._without_stop(verdict_gen))], verdict_gen.finish_reason,
+                verdict_gen.version))
+            again.add_context(tok.encode("="))
+            retry_gen = await self._generate(policies["solver"], again.tokens)
+            again.add_generation("solver", retry_gen)
+            final = await self.score(task, self._text(retry_gen))
+            retry = again.build("solver", final.value,
+                                {**meta, EVAL: False, "retried": True, **final.metadata()})
+        metrics = {"first_answer": float(first.value), "final_answer": float(final.value),
+                   "retried": float(retry is not None)}
+        score_meta = first.metadata()
+        if not first.failed:
+            score_meta["reward_metrics"] = {**score_meta.get("reward_metrics", {}), **metrics}
+        first_traj = solver.build("solver", first.value,
+                                  {**meta, "verdict": verdict, **score_meta})
         # a verdict on an answer whose reward failed judged nothing: it fails too
-        return [solver.build("solver", final.value, {**meta, **final.metadata()}),
-                verifier.build("verifier", float(judged_right),
-                               {**meta, **(first.metadata() if first.failed else {})})]
+        verdict_traj = verifier.build(
+            "verifier", float(judged_right),
+            {**meta, "verdict": verdict, "answer_right": right,
+             **(first.metadata() if first.failed else {})})
+        return _Attempt(first_traj, verdict_traj, right, retry)
+
+    def _verdicts(self, attempts: list[_Attempt]) -> list[Trajectory]:
+        """The verdicts the verifier trains on: all of them, or with
+        ``balance_verifier`` only a group that judged both right and wrong answers.
+
+        Group-normalised advantages sum to zero within a group, so in a mixed group
+        the verdicts on right answers weigh as much as those on wrong ones however few
+        they are. A group of only wrong answers can teach just "say n" -- with a weak
+        solver that is most groups, and a verifier trained on them rejects everything.
+        """
+        verdicts = [a.verdict for a in attempts]
+        if not self.config.balance_verifier or len(attempts) == 1:
+            return verdicts  # one attempt (a greedy evaluation): nothing to balance
+        classes = {a.answer_right for a in attempts}
+        return verdicts if len(classes) == 2 else []
 
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
         group_id = task.metadata.get("group_id", task.task_id)
         attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
                                           for _ in range(group_size)))
-        return [traj for attempt in attempts for traj in attempt]
+        solver = [a.first for a in attempts] + [a.retry for a in attempts if a.retry]
+        return solver + self._verdicts(attempts)
