@@ -14,8 +14,11 @@ from astraflow.tasks.files import (
     ParquetTaskConfig,
     VerlTaskConfig,
 )
+from astraflow.tasks.functions import FunctionsConfig
 from astraflow.workflows.agent import AgentConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
+from astraflow.workflows.solve_select import SolveSelectConfig
+from astraflow.workflows.solve_testgen import SolveTestgenConfig
 from astraflow.workflows.solve_verify import SolveVerifyConfig
 from astraflow.workflows.tool_use import ToolUseConfig
 
@@ -37,6 +40,12 @@ def astraflow_register_tasks(register):
         "astraflow.tasks.arithmetic:ArithmeticTasks",
         ArithmeticConfig,
         description="Small-integer arithmetic with a held-out split.",
+    )
+    register(
+        "functions",
+        "astraflow.tasks.functions:FunctionTasks",
+        FunctionsConfig,
+        description="Write f(x) from examples as Python; hidden tests (for reward=code).",
     )
     register("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
              description="Rows of local JSON Lines files (task.train_files, task.eval_files).")
@@ -81,6 +90,19 @@ def astraflow_register_workflows(register):
         "astraflow.workflows.solve_verify:SolveVerifyWorkflow",
         SolveVerifyConfig,
         description="Two policies: a solver answers, a verifier judges, one retry.",
+    )
+    register(
+        "solve_select",
+        "astraflow.workflows.solve_select:SolveSelectWorkflow",
+        SolveSelectConfig,
+        description="Two policies: a solver samples k candidates, a selector picks one.",
+    )
+    register(
+        "solve_testgen",
+        "astraflow.workflows.solve_testgen:SolveTestgenWorkflow",
+        SolveTestgenConfig,
+        description="Two policies: a tester writes test cases, the solver's code must "
+                    "pass them.",
     )
     register(
         "agent",
