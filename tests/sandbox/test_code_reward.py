@@ -92,6 +92,6 @@ def test_a_task_without_tests_fails_the_sample_saying_why(reward):
 
 def test_settings_are_checked_when_the_reward_is_built():
     with pytest.raises(ConfigError, match=r"run_timeout=20\.0 must be below reward\.timeout"):
-        build(run_timeout=20.0)
+        build(run_timeout=20.0, timeout=10.0)
     with pytest.raises(ConfigError, match=r"reward\.network=vpn"):
         build(network="vpn")

@@ -70,10 +70,14 @@ _astraflow_tests({program!r}, {tests!r}, {nonce!r})
 
 @dataclass
 class CodeRewardConfig(RewardConfig):
-    """``run_timeout`` is the sandbox's wall-clock limit for the program and all its tests
-    (``timeout`` is the reward's own per-sample limit, and must be longer)."""
+    """``run_timeout`` is the sandbox's wall-clock limit for the program and all its tests.
+    ``timeout`` is the sample's own limit, and it includes the wait for one of the
+    ``concurrency`` sandbox slots: a node scores many samples at once (16 tasks x 8
+    samples is 128 programs for 4 slots), so it is a safety net far above
+    ``run_timeout``, which is what bounds a program."""
 
     name: str = "code"
+    timeout: float = 600.0
     run_timeout: float = 5.0
     memory_mb: int = 512
     concurrency: int = 4
