@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import cpu_model
 from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
@@ -102,16 +103,6 @@ class PerRollout(Workflow):
         builder.add_generation("policy", gen)
         score = await self.score(task, self.completion_text(gen.token_ids))
         return builder.build("policy", score.value, {"sample": index, **score.metadata()})
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 async def rollouts_per_second(workflow: Any, policies: dict[str, Any], tasks: list[Any],

@@ -19,20 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model
+
 RESULTS = Path(__file__).parent / "results" / "lora_weights.json"
 BF16 = 2
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def qwen7b_bytes(rank: int = 16) -> dict[str, float]:
@@ -103,7 +97,7 @@ def main() -> None:
         full = stream_bytes(model, 0, args.steps, Path(tmp))
         lora = stream_bytes(model, 16, args.steps, Path(tmp))
     big = qwen7b_bytes()
-    cpu = _cpu()
+    cpu = cpu_model()
     print(f"weight bytes per version, whole model vs rank-16 LoRA ({cpu}, "
           f"{os.cpu_count()} cores)")
     print(f"  tiny model: {full['bytes_per_version'] / 1e3:.1f} kB vs "

@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _machine import cpu_model
 
 RESULTS = Path(__file__).parent / "results" / "trainer_scaling.json"
 LAYOUTS = {
@@ -39,13 +40,6 @@ LAYOUTS = {
                  ("TP=2", {"world_size": 2, "tensor_model_parallel_size": 2}),
                  ("PP=2", {"world_size": 2, "pipeline_model_parallel_size": 2})],
 }
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def worker(backend_name: str, model_dir: str, settings: str, steps: int, out: str) -> None:
@@ -113,7 +107,7 @@ def main() -> None:
 
     model_dir = make_tiny_model(_models_cache() / "test-tiny-arithmetic-seed0", ModelConfig(),
                                 seed=0, warmstart_tasks=list(ArithmeticTasks().train_tasks()))
-    cpu = _cpu()
+    cpu = cpu_model()
     print(f"trainer step time, world size 1 vs 2 ({cpu}, {os.cpu_count()} cores, "
           f"median of {args.steps} steps)")
     rows = []
