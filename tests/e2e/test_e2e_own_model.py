@@ -139,9 +139,18 @@ def test_short_runs_with_a_chat_checkpoint(tmp_path, chat_model_dir, backends):
     train, _ = problems()
     write_jsonl(tmp_path / "train.jsonl", train)
     run_dir = tmp_path / "run"
+    # vLLM serves in bfloat16 for a float32 trainer, with the truncated-IS correction
+    extra = ["raas.dtype=bfloat16", "trainer.rollout_correction=tis"] if raas == "vllm" else []
     launch_run(tmp_path, f"model.path={chat_model_dir}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_size=8", f"raas={raas}",
-           f"trainer={trainer}", "+experiment=smoke", f"run_dir={run_dir}")
+           f"trainer={trainer}", "+experiment=smoke", f"run_dir={run_dir}", *extra)
+    # the first step trains on what the start weights generated: its engine-vs-trainer
+    # gap is the engines' numerical mismatch alone -- rounding-level for two float32
+    # engines, far larger for a bfloat16 engine
+    first = json.loads((run_dir / "metrics" / "train-policy.jsonl").open().readline())
+    gap = first["train/rollout_logprob_gap_fresh"]
+    assert first["train/rollout_logprob_gap_max"] >= gap
+    assert 1e-4 < gap < 1.0 if raas == "vllm" else gap < 1e-5, gap
     result = summary(run_dir)
     assert result["steps"] == 3 and result["final_eval_accuracy"] is not None
     assert result["trajectories_trained"] == 3 * 8
