@@ -95,3 +95,25 @@ def test_tool_use_runs_end_to_end_on_a_real_engine(tiny_model_dir):
 @pytest.mark.parametrize("expression", ["1+", "", "a+b", "(1+2"])
 def test_malformed_tool_calls_get_an_error_not_an_exception(expression):
     assert calculator(expression) == "error"
+
+
+def test_the_python_tool_runs_in_the_sandbox_and_a_hung_call_costs_one_turn(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    config = ToolUseConfig(tool="python")
+    config.sandbox.timeout = 1.0
+    workflow = ToolUseWorkflow(config, tok, ExactMatch())
+    eos = tok.decode([tok.eos_token_id])
+    task = Task("t1", "12*7=", "84")
+    policy = ScriptedPolicy(tok, ["python(12*7)", "84" + eos])
+    (traj,) = asyncio.run(workflow.run(task, {"policy": policy}, 1))
+    assert tok.decode(policy.prompts[1]) == "12*7=python(12*7)=84,"
+    assert traj.reward == 1.0 and traj.metadata["tool_calls"] == 1
+    # a call that does not end in time, one that raises, one whose output ("True") the
+    # tiny vocabulary cannot spell: each answers in one word and the episode goes on
+    for call, answer in (("9**9**9", "timeout"), ("1/0", "error"), ("1==1", "error")):
+        policy = ScriptedPolicy(tok, [f"python({call})", "84" + eos])
+        (traj,) = asyncio.run(workflow.run(task, {"policy": policy}, 1))
+        assert tok.decode(policy.prompts[1]) == f"12*7=python({call})={answer},"
+        assert traj.reward == 1.0
+    with pytest.raises(ValueError, match=r"workflow\.tool='shell'"):
+        ToolUseWorkflow(ToolUseConfig(tool="shell"), tok, ExactMatch())

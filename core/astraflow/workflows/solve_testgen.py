@@ -29,13 +29,12 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
-
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.types import Generation, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
+from astraflow.workflows.tools import sandbox_from
 
 TESTS = "\ntest:"
 #: most test lines taken from one tester answer
@@ -79,10 +78,7 @@ class SolveTestgenWorkflow(Workflow):
     @property
     def sandbox(self) -> Sandbox:
         if self._sandbox is None:  # built on first use: a config check starts nothing
-            config = self.config.sandbox
-            if not isinstance(config, SandboxConfig):  # a node's config is an OmegaConf node
-                config = SandboxConfig(**OmegaConf.to_container(config))
-            self._sandbox = Sandbox(config)
+            self._sandbox = sandbox_from(self.config.sandbox)
         return self._sandbox
 
     @staticmethod

@@ -1,21 +1,24 @@
-"""A multi-turn workflow: the policy may call a calculator before answering.
+"""A multi-turn workflow: the policy may call a tool before answering.
 
-Protocol: the model writes ``calc(EXPR)``; generation stops at ``)``; the workflow
-appends the tool's answer as ``=RESULT,`` (tool tokens, loss-masked) and the model
-continues. The text generated after the last tool output is the final answer.
+Protocol: the model writes ``calc(EXPR)`` (``workflow.tool=calc``: integer arithmetic,
+evaluated without ``eval``) or ``python(EXPR)`` (``workflow.tool=python``: any Python
+expression, evaluated in :mod:`astraflow.sandbox`); generation stops at ``)``; the
+workflow appends the tool's answer as ``=RESULT,`` (tool tokens, loss-masked) and the
+model continues. The text generated after the last tool output is the final answer.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.sandbox import SandboxConfig
 from astraflow.types import TOOL, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
-from astraflow.workflows.tools import calculator
+from astraflow.workflows.tools import calculator, python, sandbox_from
 
-CALL = re.compile(r"calc\(([^()]*)\)$")
+TOOLS = ("calc", "python")
 
 
 @dataclass
@@ -26,10 +29,27 @@ class ToolUseConfig:
     max_turns: int = 3
     max_new_tokens: int = 12
     temperature: float = 1.0
+    tool: str = "calc"
+    #: limits of ``tool=python``'s runs
+    sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=2.0))
 
 
 class ToolUseWorkflow(Workflow):
     roles = ("policy",)
+
+    def __init__(self, config, tokenizer, reward) -> None:
+        super().__init__(config, tokenizer, reward)
+        if config.tool not in TOOLS:
+            raise ValueError(f"workflow.tool={config.tool!r}: choose one of {list(TOOLS)}")
+        self.call = re.compile(rf"{config.tool}\(([^()]*)\)$")
+        self._sandbox = None
+
+    async def _tool(self, argument: str) -> str:
+        if self.config.tool == "calc":
+            return calculator(argument)
+        if self._sandbox is None:  # started on first use: a config check runs nothing
+            self._sandbox = sandbox_from(self.config.sandbox)
+        return await python(self._sandbox, argument)
 
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
@@ -54,13 +74,18 @@ class ToolUseWorkflow(Workflow):
             ))[0]
             builder.add_generation(role, gen)
             text = self.completion_text(gen.token_ids)
-            call = CALL.search(text)
+            call = self.call.search(text)
             last_turn = turn == self.config.max_turns - 1
             if call is None or gen.finish_reason != "stop" or last_turn:
                 answer = text
                 break
             calls += 1
-            builder.add_context(tok.encode(f"={calculator(call.group(1))},"), source=TOOL)
+            result = await self._tool(call.group(1))
+            try:
+                ids = tok.encode(f"={result},")
+            except ValueError:  # a character the tokenizer cannot spell (a tiny vocabulary)
+                ids = tok.encode("=error,")
+            builder.add_context(ids, source=TOOL)
         score = await self.score(task, answer)
         return builder.build(role, score.value, {"task_type": task.task_type, "tool_calls": calls,
                                                  "sample": index, **score.metadata()})

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ast
 import operator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from astraflow.sandbox import Sandbox, SandboxConfig
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -28,3 +32,31 @@ def _eval(node: ast.AST) -> int:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_eval(node.operand)
     raise ValueError(f"unsupported expression: {ast.dump(node)}")
+
+
+def sandbox_from(config: SandboxConfig | object) -> Sandbox:
+    """A :class:`~astraflow.sandbox.Sandbox` from a workflow's ``sandbox`` settings (the
+    dataclass, or the OmegaConf node a node's config holds)."""
+    from omegaconf import OmegaConf
+
+    from astraflow.sandbox import Sandbox, SandboxConfig
+
+    if not isinstance(config, SandboxConfig):
+        config = SandboxConfig(**OmegaConf.to_container(config))
+    return Sandbox(config)
+
+
+#: longest tool answer put back into the context, in characters
+MAX_TOOL_OUTPUT = 200
+
+
+async def python(sandbox: Sandbox, expression: str) -> str:
+    """The value of a Python ``expression``, computed in ``sandbox``: what it prints
+    (``print(expression)``), or ``error``/``timeout`` -- untrusted code never runs in
+    the node's own interpreter."""
+    result = await sandbox.run(f"print({expression})")
+    if result.status == "timeout":
+        return "timeout"
+    if not result.ok:
+        return "error"
+    return result.stdout.strip()[:MAX_TOOL_OUTPUT]
