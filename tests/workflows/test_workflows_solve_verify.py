@@ -39,8 +39,8 @@ def test_a_rejected_wrong_answer_gets_a_retry_that_alone_earns_the_fix(tiny_mode
         assert traj.reward == 0.0 and traj.group_id == "t1"
         assert traj.metadata["reward_metrics"] == {"first_answer": 0.0, "final_answer": 1.0,
                                                    "retried": 1.0}
-    for traj in retries:
-        assert traj.reward == 1.0 and traj.group_id == "t1/retry"
+    for traj in retries:  # judged against the task's first answers
+        assert traj.reward == 1.0 and traj.group_id == "t1"
         spans = texts(tok, traj)
         assert [s for s, _ in spans] == ["prompt", "earlier", "prompt", "verifier", "prompt",
                                          "solver"]
@@ -50,6 +50,10 @@ def test_a_rejected_wrong_answer_gets_a_retry_that_alone_earns_the_fix(tiny_mode
         assert tok.decode([traj.tokens[i] for i in trained]).startswith("19")
     # every verdict was on a wrong answer: nothing to balance against, none trained
     assert not [t for t in trajs if t.policy == "verifier"]
+    # or against the task's other retries only
+    _, trajs = run(tiny_model_dir, lambda ctx: "19" if ctx.endswith(":n=") else "18",
+                   lambda ctx: "n", group_size=2, retry_group="retries")
+    assert sorted(t.group_id for t in trajs) == ["t1", "t1", "t1/retry", "t1/retry"]
 
 
 def test_the_verifier_trains_only_on_groups_with_right_and_wrong_answers(tiny_model_dir):

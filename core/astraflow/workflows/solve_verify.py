@@ -10,10 +10,14 @@ Credit, so that each role learns what it controls:
   alone and grouped with the task's other first answers -- exactly the signal the solver
   gets when it trains alone, so the verifier never takes credit away from it.
 - A *retry* is a second solver trajectory: the first answer and the verdict are context
-  (masked), the retried answer is trained, rewarded by its correctness and grouped with
-  the task's other retries (``<group>/retry``). The verifier thus buys the solver extra
-  attempts exactly where it was wrong: a task whose first answers all failed, which
-  teaches a lone solver nothing, still teaches it through the retries that succeed.
+  (masked), the retried answer is trained and rewarded by its correctness. With
+  ``retry_group=task`` (default) it is grouped with the task's first answers, so its
+  baseline is how often the task is solved at all: a retry that fixes an answer earns
+  credit even when it is the task's only retry (alone in a group it would earn none).
+  ``retry_group=retries`` groups it with the task's other retries only. The verifier
+  thus buys the solver extra attempts where it judged it wrong: a task whose first
+  answers all failed, which teaches a lone solver nothing, still teaches it through a
+  retry that succeeds.
   Retries do not count in held-out accuracy (``eval: false``).
 - The verifier is rewarded 1 for a correct verdict, on right and on wrong answers alike.
   With ``balance_verifier`` it trains only on groups that judged both right and wrong
@@ -53,6 +57,7 @@ class SolveVerifyConfig:
     max_new_tokens: int = 6
     temperature: float = 1.0
     retry: bool = True
+    retry_group: str = "task"
     balance_verifier: bool = True
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
@@ -71,6 +76,9 @@ class SolveVerifyWorkflow(Workflow):
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
         self.latency = Latency(config.latency)
+        if config.retry_group not in ("task", "retries"):
+            raise ValueError(f"workflow.retry_group={config.retry_group!r}: choose task or "
+                             "retries")
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:
@@ -126,7 +134,8 @@ class SolveVerifyWorkflow(Workflow):
         retry = None
         final = first
         if verdict == REJECT and self.config.retry:
-            again = TrajectoryBuilder(task.task_id, f"{group_id}/retry")
+            again = TrajectoryBuilder(task.task_id, group_id if self.config.retry_group
+                                      == "task" else f"{group_id}/retry")
             again.add_context(prompt)
             again.add_context(answer, source=EARLIER)
             again.add_context(tok.encode(":"))
