@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from astraflow.types import PROMPT, Generation, Span, Trajectory
+from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.types import PROMPT, Generation, Span, Task, Trajectory
 
 
 class TrajectoryBuilder:
@@ -67,3 +69,20 @@ class TrajectoryBuilder:
             reward=float(reward),
             metadata=dict(metadata or {}),
         )
+
+
+class AttemptsWorkflow(Workflow):
+    """A workflow whose ``group_size`` attempts at a task run concurrently and
+    independently: a subclass writes ``_attempt``, returning one attempt's trajectories
+    (of every policy), all in the task's group."""
+
+    async def _attempt(self, task: Task, policies: dict[str, PolicyHandle],
+                       group_id: str) -> list[Trajectory]:
+        raise NotImplementedError
+
+    async def run(self, task: Task, policies: dict[str, PolicyHandle],
+                  group_size: int) -> list[Trajectory]:
+        group_id = task.metadata.get("group_id", task.task_id)
+        attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
+                                          for _ in range(group_size)))
+        return [traj for attempt in attempts for traj in attempt]

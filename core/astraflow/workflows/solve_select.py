@@ -30,9 +30,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.contracts import PolicyHandle
 from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 PICK = "pick:"
@@ -61,7 +61,7 @@ def perturb(answer: str, rng: random.Random) -> str:
     return answer[:i] + other + answer[i + 1:]
 
 
-class SolveSelectWorkflow(Workflow):
+class SolveSelectWorkflow(AttemptsWorkflow):
     roles = ("solver", "selector")
 
     def __init__(self, config, tokenizer, reward) -> None:
@@ -136,12 +136,6 @@ class SolveSelectWorkflow(Workflow):
                                       {"reward_metrics": metrics})}))
         return out
 
-    async def run(self, task: Task, policies: dict[str, PolicyHandle],
-                  group_size: int) -> list[Trajectory]:
-        group_id = task.metadata.get("group_id", task.task_id)
-        attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
-                                          for _ in range(group_size)))
-        return [traj for attempt in attempts for traj in attempt]
 
 
 def selector_context(prompt: str, candidates: list[str]) -> str:

@@ -29,10 +29,10 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
 from astraflow.workflows.tools import sandbox_from
 
@@ -67,7 +67,7 @@ def test_program(task: Task, solution: str, tests: list[str]) -> str:
     return f"{prefix}{solution}\n{checks}"
 
 
-class SolveTestgenWorkflow(Workflow):
+class SolveTestgenWorkflow(AttemptsWorkflow):
     roles = ("solver", "tester")
 
     def __init__(self, config, tokenizer, reward) -> None:
@@ -157,10 +157,3 @@ class SolveTestgenWorkflow(Workflow):
             **meta, **(failed[0].metadata() if failed and tests and valid else
                        {"reward_metrics": metrics})}))
         return out
-
-    async def run(self, task: Task, policies: dict[str, PolicyHandle],
-                  group_size: int) -> list[Trajectory]:
-        group_id = task.metadata.get("group_id", task.task_id)
-        attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
-                                          for _ in range(group_size)))
-        return [traj for attempt in attempts for traj in attempt]
