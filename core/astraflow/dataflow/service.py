@@ -17,6 +17,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import sqlite3
 import time
 import uuid
@@ -547,7 +548,11 @@ class DataflowService:
             lag = max(0, self.versions[policy] - held.get(policy, self.versions[policy]))
             room_stale = (max_staleness - lag + 1) * s.batch_size - queued
             room_cap = s.buffer_capacity - queued
-            n = int(max(0.0, min(room_stale, room_cap)) // per_task)
+            # a batch short of fewer samples than a task yields still gets its task: the
+            # overshoot is under one task's samples, and without it a trainer whose
+            # batch is 2 short would wait forever (per-task yields vary: retries)
+            n = min(math.ceil(max(0.0, room_stale) / per_task),
+                    int(max(0.0, room_cap) // per_task))
             if n == 0:
                 reasons[policy] = (
                     f"buffer full ({len(self.fresh[policy])} buffered + {in_flight} tasks in "

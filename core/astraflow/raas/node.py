@@ -319,20 +319,26 @@ class RaaSNode:
 
         Leasing is bounded by the data layer's admission control (max_staleness 0 in
         this mode), so a round that fell short (filtered or dropped samples) is topped
-        up by the next lease instead of over-producing.
+        up by the next lease instead of over-producing. Policies whose trainer already
+        stepped this iteration are left out of the versions the lease reports: a policy
+        that gets fewer samples per task than another (a verifier trained only on some
+        groups) still has its batch filled, the others' extra samples are dropped as
+        stale -- the barrier's cost -- where reporting them would stop all leasing.
         """
         while not stop.is_set():
             versions = {p: b.version for p, b in self.backends.items()}
+            waiting = dict(versions)
             while not stop.is_set():
                 leases = await self.client.lease_tasks(
                     self.node_id, max_tasks=self.options.sync_tasks, wait=0.5,
-                    versions=versions)
+                    versions=waiting)
                 if leases:
                     _report((await asyncio.wait([asyncio.create_task(self._run_lease(lease))
                                                  for lease in leases]))[0])
                 latest = {p: await asyncio.to_thread(self.weights.latest, p)
                           for p in self.backends}
-                if all((latest[p] or 0) > versions[p] for p in self.backends):
+                waiting = {p: v for p, v in versions.items() if (latest[p] or 0) <= v}
+                if not waiting:
                     await self.refresh()
                     break
                 if not leases:
