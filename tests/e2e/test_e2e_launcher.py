@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 
@@ -97,11 +99,17 @@ def test_ctrl_c_or_kill_stops_every_component(tmp_path, tiny_model_dir, sig):
 
     run_dir = tmp_path / "interrupted"
     launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.PIPE)
-    launcher.send_signal(getattr(signal, sig))
-    _, err = launcher.communicate(timeout=120)
-    assert launcher.returncode == 130, err[-2000:]
-    assert "stopping every component" in err
-    assert _processes_mentioning(str(run_dir)) == []
+    try:
+        launcher.send_signal(getattr(signal, sig))
+        _, err = launcher.communicate(timeout=120)
+        assert launcher.returncode == 130, err[-2000:]
+        assert "stopping every component" in err
+        assert _processes_mentioning(str(run_dir)) == []
+    finally:  # a failure must not leave an endless run training for the rest of the suite
+        launcher.kill()
+        for pid in _processes_mentioning(str(run_dir)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_components_end_when_the_launcher_is_killed(tmp_path, tiny_model_dir):
