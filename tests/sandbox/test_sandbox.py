@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.sandbox import Sandbox, SandboxConfig
+from astraflow.testing import wait_until
 
 MODES = ["namespace", "refuse"]
 
@@ -58,10 +59,7 @@ def processes_of(runs: Path, group: int | None = None) -> list[int]:
 
 
 def assert_nothing_left(runs: Path, group: int | None = None) -> None:
-    deadline = time.monotonic() + 5
-    while processes_of(runs, group) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert processes_of(runs, group) == []
+    wait_until(lambda: not processes_of(runs, group), 5, "the run's processes to be gone")
     assert list(runs.iterdir()) == []  # the private directories are removed too
 
 
@@ -227,7 +225,10 @@ def test_large_output_on_both_pipes_does_not_deadlock(runs):
 
 def test_at_most_concurrency_programs_run_at_once(runs):
     box = sandbox(concurrency=2)
-    code = "import time\nstart = time.time()\ntime.sleep(1.0)\nprint(start, time.time())"
+    # each program is busy for one second (its workload, not a wait): spans that overlap
+    # show how many ran at once
+    code = ("import time\nstart = time.time()\nwhile time.time() < start + 1.0:\n    pass\n"
+            "print(start, time.time())")
 
     async def four():
         return await asyncio.gather(*(box.run(code) for _ in range(4)))
