@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from omegaconf import OmegaConf
 
+from astraflow.errors import ConfigError
 from astraflow.plugins import get_registry
 from astraflow.rewards.exact_match import ExactMatch
 from astraflow.tasks.arithmetic import ArithmeticTasks
@@ -115,5 +116,5 @@ def test_the_python_tool_runs_in_the_sandbox_and_a_hung_call_costs_one_turn(tiny
         (traj,) = asyncio.run(workflow.run(task, {"policy": policy}, 1))
         assert tok.decode(policy.prompts[1]) == f"12*7=python({call})={answer},"
         assert traj.reward == 1.0
-    with pytest.raises(ValueError, match=r"workflow\.tool='shell'"):
+    with pytest.raises(ConfigError, match=r"workflow\.tool='shell'"):
         ToolUseWorkflow(ToolUseConfig(tool="shell"), tok, ExactMatch())

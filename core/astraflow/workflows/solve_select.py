@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
+from astraflow.errors import ConfigError
 from astraflow.types import Generation, Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
@@ -66,10 +67,15 @@ class SolveSelectWorkflow(AttemptsWorkflow):
 
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
-        if config.candidates < 2 or config.candidates > 10:
-            raise ValueError(f"workflow.candidates={config.candidates}: choose 2..10 "
-                             "(the selector answers with one digit)")
+        self.check_config(config)
         self.latency = Latency(config.latency)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """A one-line error for a bad setting; the launcher calls it before anything starts."""
+        if config.candidates < 2 or config.candidates > 10:
+            raise ConfigError(f"workflow.candidates={config.candidates}: choose 2..10 "
+                              "(the selector answers with one digit)")
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:

@@ -38,6 +38,7 @@ import random
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.errors import ConfigError
 from astraflow.types import Generation, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.latency import Latency, LatencyConfig
@@ -75,10 +76,15 @@ class SolveVerifyWorkflow(Workflow):
 
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
+        self.check_config(config)
         self.latency = Latency(config.latency)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """A one-line error for a bad setting; the launcher calls it before anything starts."""
         if config.retry_group not in ("task", "retries"):
-            raise ValueError(f"workflow.retry_group={config.retry_group!r}: choose task or "
-                             "retries")
+            raise ConfigError(f"workflow.retry_group={config.retry_group!r}: choose task or "
+                              "retries")
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.errors import ConfigError
 from astraflow.sandbox import SandboxConfig
 from astraflow.types import TOOL, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
@@ -39,10 +40,15 @@ class ToolUseWorkflow(Workflow):
 
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
-        if config.tool not in TOOLS:
-            raise ValueError(f"workflow.tool={config.tool!r}: choose one of {list(TOOLS)}")
+        self.check_config(config)
         self.call = re.compile(rf"{config.tool}\(([^()]*)\)$")
         self._sandbox = None
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """A one-line error for a bad setting; the launcher calls it before anything starts."""
+        if config.tool not in TOOLS:
+            raise ConfigError(f"workflow.tool={config.tool!r}: choose one of {list(TOOLS)}")
 
     async def _tool(self, argument: str) -> str:
         if self.config.tool == "calc":
