@@ -71,6 +71,13 @@ class TrajectoryBuilder:
         )
 
 
+def without_stop(gen: Generation, stop_token_ids: list[int]) -> Generation:
+    """``gen`` without the end token that closed it: a turn as another turn shows it."""
+    ids = list(gen.token_ids)
+    keep = len(ids) - int(bool(ids) and ids[-1] in stop_token_ids)
+    return Generation(ids[:keep], list(gen.logprobs[:keep]), gen.finish_reason, gen.version)
+
+
 class AttemptsWorkflow(Workflow):
     """A workflow whose ``group_size`` attempts at a task run concurrently and
     independently: a subclass writes ``_attempt``, returning one attempt's trajectories

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.errors import ConfigError
-from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder
+from astraflow.types import Task, Trajectory
+from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 PICK = "pick:"
@@ -93,9 +93,6 @@ class SolveSelectWorkflow(AttemptsWorkflow):
                             str(at)))
         return out
 
-    def _without_stop(self, ids: list[int]) -> list[int]:
-        return ids[:-1] if ids and ids[-1] in self.tokenizer.stop_token_ids else list(ids)
-
     async def _attempt(self, task: Task, policies: dict[str, PolicyHandle],
                        group_id: str) -> list[Trajectory]:
         tok, cfg = self.tokenizer, self.config
@@ -110,9 +107,7 @@ class SolveSelectWorkflow(AttemptsWorkflow):
         selector.add_context(prompt)
         for i, gen in enumerate(gens):
             selector.add_context(tok.encode(f"\n{i}:"))
-            ids = self._without_stop(gen.token_ids)
-            selector.add_generation("solver", Generation(ids, gen.logprobs[:len(ids)],
-                                                         gen.finish_reason, gen.version))
+            selector.add_generation("solver", without_stop(gen, tok.stop_token_ids))
         selector.add_context(tok.encode(f"\n{PICK}"))
         await self.latency.wait()
         (pick_gen,) = await policies["selector"].generate(

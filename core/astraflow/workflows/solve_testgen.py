@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
-from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder
+from astraflow.types import Task, Trajectory
+from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import Latency, LatencyConfig
 from astraflow.workflows.tools import sandbox_from
 
@@ -119,11 +119,8 @@ class SolveTestgenWorkflow(AttemptsWorkflow):
         valid_run = (self._passes(task, reference, tests) if tests
                      else asyncio.sleep(0, result=False))
         # the solver sees the tests (as the tester wrote them) above the problem
-        ids = [t for t in test_gen.token_ids if t not in tok.stop_token_ids]
         context = TrajectoryBuilder(task.task_id, group_id)
-        context.add_generation("tester", Generation(ids, [
-            lp for t, lp in zip(test_gen.token_ids, test_gen.logprobs, strict=True)
-            if t not in tok.stop_token_ids], test_gen.finish_reason, test_gen.version))
+        context.add_generation("tester", without_stop(test_gen, tok.stop_token_ids))
         context.add_context(tok.encode("\n"))
         context.add_context(prompt)
         await self.latency.wait()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
 from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.builder import TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 ACCEPT, REJECT = "y", "n"
@@ -111,11 +111,6 @@ class SolveVerifyWorkflow(Workflow):
     def _text(self, gen: Generation) -> str:
         return self.completion_text(gen.token_ids).strip()
 
-    def _without_stop(self, gen: Generation) -> list[int]:
-        """The answer as text, without the end token that closed it."""
-        ids = list(gen.token_ids)
-        return ids[:-1] if ids and ids[-1] in self.tokenizer.stop_token_ids else ids
-
     async def _attempt(self, task: Task, policies: dict[str, PolicyHandle],
                        group_id: str) -> _Attempt:
         tok = self.tokenizer
@@ -127,11 +122,10 @@ class SolveVerifyWorkflow(Workflow):
         solver.add_generation("solver", gen)
         first = await self.score(task, self._text(gen))
         right = first.value > 0
-        answer = self._without_stop(gen)
+        shown = without_stop(gen, tok.stop_token_ids)
         verifier = TrajectoryBuilder(task.task_id, group_id)
         verifier.add_context(prompt)
-        verifier.add_generation("solver", Generation(answer, gen.logprobs[:len(answer)],
-                                                     gen.finish_reason, gen.version))
+        verifier.add_generation("solver", shown)
         verifier.add_context(tok.encode(":"))
         verdict_gen = await self._generate(policies["verifier"], verifier.tokens)
         verifier.add_generation("verifier", verdict_gen)
@@ -143,12 +137,9 @@ class SolveVerifyWorkflow(Workflow):
             again = TrajectoryBuilder(task.task_id, group_id if self.config.retry_group
                                       == "task" else f"{group_id}/retry")
             again.add_context(prompt)
-            again.add_context(answer, source=EARLIER)
+            again.add_context(shown.token_ids, source=EARLIER)
             again.add_context(tok.encode(":"))
-            again.add_generation("verifier", Generation(
-                self._without_stop(verdict_gen), verdict_gen.logprobs[:len(
-                    self._without_stop(verdict_gen))], verdict_gen.finish_reason,
-                verdict_gen.version))
+            again.add_generation("verifier", without_stop(verdict_gen, tok.stop_token_ids))
             again.add_context(tok.encode("="))
             retry_gen = await self._generate(policies["solver"], again.tokens)
             again.add_generation("solver", retry_gen)
