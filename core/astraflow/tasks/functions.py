@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from astraflow.contracts import TaskSource
+from astraflow.errors import ConfigError
 from astraflow.types import Task
 
 PREFIX = "def f(x):\n    return "
@@ -51,9 +52,12 @@ class FunctionTasks(TaskSource):
         super().__init__(config or FunctionsConfig())
         cfg = self.config
         if cfg.examples < 2:
-            raise ValueError(f"task.examples={cfg.examples}: a line needs two points")
+            raise ConfigError(f"task.examples={cfg.examples}: a line needs two points")
         space = [(a, b) for a in range(1, cfg.max_slope + 1)
                  for b in range(-cfg.max_offset, cfg.max_offset + 1)]
+        if not 0 <= cfg.num_eval < len(space):
+            raise ConfigError(f"task.num_eval={cfg.num_eval}: choose 0..{len(space) - 1} "
+                              f"(there are {len(space)} functions)")
         rng = random.Random(cfg.seed)
         rng.shuffle(space)
         self._eval = [self._task(a, b, "eval") for a, b in space[: cfg.num_eval]]
