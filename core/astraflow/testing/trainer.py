@@ -320,7 +320,14 @@ def check_ranks_match_one_process(backend_name: str, model_dir: str, out: Path,
     def same_step(got: dict[str, float], want: dict[str, float], what: str) -> None:
         assert got.keys() == want.keys(), what
         for key, value in want.items():
-            assert got[key] == pytest.approx(value, rel=rel, abs=abs_tol), f"{what}: {key}"
+            # the gap between trainer and behaviour log-probs is itself a log-prob
+            # difference, so it agrees to the log-probs' tolerance, not the loss's
+            tol = logprob_atol if key.startswith("rollout_logprob_gap") else abs_tol
+            if key.endswith("_fraction") and logprob_atol >= 1e-2:
+                # a share of tokens past a threshold: in reduced precision a token or
+                # two near the threshold can fall on the other side
+                tol = max(tol, 0.1)
+            assert got[key] == pytest.approx(value, rel=rel, abs=tol), f"{what}: {key}"
 
     same_step(ranks["step1"], step1, "step 1")
     got = torch.tensor([x for row in ranks["logprobs1"] for x in row])
