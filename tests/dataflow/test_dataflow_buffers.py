@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import httpx
 import pytest
-from dataflow_helpers import TOKEN, group, make_trajectory
+from dataflow_helpers import TOKEN, group, make_trajectory, wait_until
 
 from astraflow.dataflow.client import DataflowError
 from astraflow.types import Task
@@ -253,3 +254,60 @@ def test_failed_rewards_get_no_advantage_and_are_counted(start_server, connect):
     st = c.status()["policies"]["policy"]
     assert (st["reward_failed"], st["produced"]) == (2, 4)
     assert st["first_reward_error"].endswith("KeyError: 'x'")
+
+
+def test_no_task_is_issued_whose_samples_a_running_step_would_make_stale(start_server,
+                                                                         connect):
+    # batch 4, staleness 1, 2 samples a task. While the trainer trains on a batch, the
+    # samples queued behind it are consumed one version later than they would be with
+    # no step running: a node that leases then must not be issued what would arrive
+    # two versions old (generated only to be dropped).
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2,
+                          batch_size=4)
+    c = connect(server)
+    c.register("raas")
+    for version in range(6):
+        for lease in c.lease_tasks(max_tasks=10, versions={"policy": version}):
+            c.submit(lease, group(lease.task.task_id, [0.0, 1.0], version=version))
+        batch = c.get_batch("policy", 4, timeout=1)
+        assert batch is not None
+        # the step runs: whatever a node leases now waits behind it
+        for lease in c.lease_tasks(max_tasks=10, versions={"policy": version}):
+            c.submit(lease, group(lease.task.task_id, [0.0, 1.0], version=version))
+        c.announce_version("policy", version + 1)
+        c.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.1)
+    info = c.status()["policies"]["policy"]
+    assert info["dropped_stale"] == 0
+    assert info["trained"] == 6 * 4
+    assert info["trained_fraction"] == 1.0
+    assert info["generated"] == info["trained"] + info["pending"]
+    assert info["by_pool"]["default"] == {"generated": info["generated"],
+                                          "trained": info["trained"], "dropped_stale": 0,
+                                          "pending": info["pending"], "trained_fraction": 1.0}
+
+
+def test_a_node_slower_than_the_staleness_bound_is_told_so_until_the_trainer_slows(
+        start_server, connect):
+    # a trainer stepping every ~0.05 s, fed by a fast node, and a slow node taking
+    # ~0.4 s per task: with max_staleness=1 the slow node's samples would arrive ~8
+    # versions old, so it is issued nothing and told why; once the trainer has not
+    # stepped for a while, it is issued tasks again
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2,
+                          batch_size=2)
+    trainer, fast, slow = connect(server), connect(server), connect(server)
+    fast.register("raas")
+    slow.register("raas")
+    (lease,) = slow.lease_tasks(max_tasks=1)
+    time.sleep(0.4)  # the slow node's rollout: the turnaround this test is about
+    slow.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+    for version in range(1, 6):
+        batch = trainer.get_batch("policy", 2, timeout=1)
+        trainer.announce_version("policy", version)
+        trainer.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.05)
+        (fill,) = fast.lease_tasks(max_tasks=1, versions={"policy": version})
+        fast.submit(fill, group(fill.task.task_id, [0.0, 1.0], version=version))
+        time.sleep(0.05)  # the trainer's step
+    assert slow.lease_tasks(max_tasks=1, versions={"policy": 5}) == []
+    assert "turnaround" in slow.backpressure["policy"]
+    assert wait_until(lambda: slow.lease_tasks(max_tasks=1, versions={"policy": 5}),
+                      timeout=10)

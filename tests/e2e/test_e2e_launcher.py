@@ -31,6 +31,13 @@ def test_run_directory_holds_config_metrics_plot_and_summary(smoke_run):
     assert summary["steps"] == 3
     assert summary["trajectories_trained"] == 3 * 8
     assert summary["trajectories_generated"] >= summary["trajectories_trained"]
+    # what was generated and not trained is accounted for: left over in the buffer at
+    # the end, or wasted (the fraction leaves the leftovers out)
+    left = summary["trajectories_left_over"]
+    assert summary["trained_fraction"] == pytest.approx(
+        summary["trajectories_trained"] / (summary["trajectories_generated"] - left), abs=1e-3)
+    assert summary["by_pool"]["default"]["generated"] == summary["trajectories_generated"]
+    assert 0 <= summary["trainer_wait_fraction"] < 1
     for key in ("start_eval_accuracy", "final_eval_accuracy", "wall_seconds"):
         assert summary[key] is not None
     # start-up (every component up, the first batch rolled out and trained) is part of

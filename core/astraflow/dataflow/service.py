@@ -30,6 +30,7 @@ import msgpack
 
 from astraflow.contracts import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
 from astraflow.dataflow.autoscale import AutoscaleWindow
+from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.payloads import Location, PayloadCorrupt
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import CONSUMED, FRESH, SERVED, Store, add_counters
@@ -53,13 +54,21 @@ log = logging.getLogger("astraflow.dataflow")
 STORE_ERRORS = (OSError, sqlite3.Error)
 #: the pool of a trajectory whose node registered none, or is gone (or from an old store)
 UNKNOWN_POOL = "unknown"
-#: counters of stale drops per (policy, pool); the rest of the name is JSON
-_STALE_BY_POOL = "dropped_stale_pool:"
+#: counters per (policy, pool) are named "<event>_pool:" + JSON [policy, pool]
+_POOL_EVENTS = ("produced", "consumed", "dropped_stale")
+
+
+def _pool_key(event: str, policy: str, pool: str) -> str:
+    # JSON: pool names are free text, so no separator could be safe
+    return f"{event}_pool:" + json.dumps([policy, pool])
 
 
 def _stale_key(policy: str, pool: str) -> str:
-    # JSON: pool names are free text, so no separator could be safe
-    return _STALE_BY_POOL + json.dumps([policy, pool])
+    return _pool_key("dropped_stale", policy, pool)
+
+
+def _fraction(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
 
 
 class ServiceError(Exception):
@@ -189,6 +198,9 @@ class DataflowService:
         #: the first traceback of a failed reward per policy (for the console and metrics)
         self.reward_errors: dict[str, str] = {}
         self.autoscale = AutoscaleWindow(settings.autoscale_window)
+        self.pacing = Pacing()
+        #: per policy, how often admission control issued nothing, by reason
+        self.refusals: dict[str, Counter] = {p: Counter() for p in self.policies}
         self.started_at = time.time()
         self._load()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -525,14 +537,25 @@ class DataflowService:
             return float(self.settings.group_size)
         return self.counters[f"produced:{policy}"] / completed
 
-    def admission(self, held: dict[str, int]) -> tuple[int, dict[str, str]]:
-        """How many more tasks may be issued now, and why not more.
+    def _steps_running(self, policy: str) -> int:
+        """Batches of ``policy`` being trained on whose new version is not out yet:
+        each puts one more version between a queued sample and its consumption."""
+        return sum(1 for (p, _t), rec in self.outstanding.items()
+                   if p == policy and self.versions[p] == rec.trainer_version)
 
-        A new task's samples join the queue behind what is buffered and in flight; at
-        ``batch_size`` per step they are consumed ``queued // batch_size`` versions
-        from now. Tasks whose samples would then be older than ``max_staleness``
-        (counting the versions the node is already behind) or would overflow the
-        buffer are not issued: the node waits instead of producing waste.
+    def admission(self, held: dict[str, int], node_id: str | None = None
+                  ) -> tuple[int, dict[str, str]]:
+        """How many more tasks ``node_id`` may be issued now, and why not more.
+
+        A new task's samples are trained on at a version ``lag + running + k`` past the
+        weights the node generates them with: ``lag`` versions the node is behind,
+        ``running`` for a step in progress, and ``k`` batches before them -- those
+        already queued (buffered, committing, in flight on every node) and at least
+        as many as the trainer takes while this node rolls the task out (its measured
+        turnaround over the trainer's measured step interval). Only tasks whose every
+        sample keeps that within ``max_staleness`` and fits the buffer are issued, so
+        nothing is generated to be dropped as stale: a node too far behind is told to
+        refresh, one too slow for the bound is told why.
         """
         s = self.settings
         in_flight = sum(1 for r in self.tasks.values() if r.state == "leased")
@@ -546,28 +569,53 @@ class DataflowService:
                 continue
             queued = len(self.fresh[policy]) + self._committing[policy] + in_flight * per_task
             lag = max(0, self.versions[policy] - held.get(policy, self.versions[policy]))
-            room_stale = (max_staleness - lag + 1) * s.batch_size - queued
+            running = self._steps_running(policy)
+            meanwhile = self.pacing.steps_meanwhile(policy, node_id) if node_id else 0.0
+            budget = max_staleness - lag - running  # batches a new sample may wait
+            room_stale = (budget + 1) * s.batch_size - queued
             room_cap = s.buffer_capacity - queued
-            # a batch short of fewer samples than a task yields still gets its task: the
-            # overshoot is under one task's samples, and without it a trainer whose
-            # batch is 2 short would wait forever (per-task yields vary: retries)
-            n = min(math.ceil(max(0.0, room_stale) / per_task),
-                    int(max(0.0, room_cap) // per_task))
+            n = min(int(max(0.0, room_stale) // per_task), int(max(0.0, room_cap) // per_task))
+            if (n == 0 and running == 0 and lag <= max_staleness
+                    and 0 < s.batch_size - queued <= room_cap):
+                # the trainer's next batch cannot fill from what is queued: it gets the
+                # tasks that fill it even if the last one overshoots by part of a task
+                # (with max_staleness=0 or a node behind, the batch would wait forever)
+                n = math.ceil((s.batch_size - queued) / per_task)
+            elif budget < 0 or int(meanwhile) > budget:
+                n = 0
             if n == 0:
-                reasons[policy] = (
-                    f"buffer full ({len(self.fresh[policy])} buffered + {in_flight} tasks in "
-                    f"flight, capacity {s.buffer_capacity})"
-                    if room_cap < room_stale
-                    else f"staleness: {queued:.0f} samples queued would be consumed more than "
-                    f"max_staleness={max_staleness} versions after the node's weights "
-                    f"({lag} behind)"
-                )
+                kind, reasons[policy] = self._refusal(policy, queued, in_flight, lag, running,
+                                                      meanwhile, node_id, room_cap < room_stale)
+                self.refusals[policy][kind] += 1
             allowed = min(allowed, n)
         return allowed, reasons
 
+    def _refusal(self, policy: str, queued: float, in_flight: int, lag: int, running: int,
+                 meanwhile: float, node_id: str | None, full: bool) -> tuple[str, str]:
+        """Why admission control issues no task for ``policy``: a kind, and one line."""
+        m = self.policies[policy]
+        if full:
+            return "buffer_full", (
+                f"buffer full ({len(self.fresh[policy])} buffered + {in_flight} tasks in "
+                f"flight, capacity {self.settings.buffer_capacity})")
+        if lag + running > m:
+            return "refresh_first", (
+                f"refresh first: the node's weights are {lag} versions behind; its samples "
+                f"would be trained on more than max_staleness={m} versions later")
+        if int(meanwhile) > m - lag - running:
+            turnaround = self.pacing.turnaround(node_id or "") or 0.0
+            return "turnaround", (
+                f"turnaround {turnaround:.2f}s: the trainer takes {meanwhile:.1f} steps while "
+                f"this node rolls a task out, more than max_staleness={m} allows ({lag} "
+                f"behind, {running} step running)")
+        return "staleness", (
+            f"staleness: {queued:.0f} samples queued would be consumed more than "
+            f"max_staleness={m} versions after the node's weights ({lag} behind, {running} "
+            "step running)")
+
     def _grant(self, node: NodeRec, req: LeaseIn) -> tuple[list[TaskRec], dict[str, str]]:
         self._expire()
-        allowed, reasons = self.admission(req.versions)
+        allowed, reasons = self.admission(req.versions, node.node_id)
         want = min(req.max_tasks, allowed)
         granted: list[TaskRec] = []
         while len(granted) < want and self.ready:
@@ -655,11 +703,26 @@ class DataflowService:
             }
             for r in granted
         ]
-        out: dict[str, Any] = {"leases": leases}
+        out: dict[str, Any] = {"leases": leases, "pace": self.pace(node.node_id)}
         if not granted:
             out["backpressure"] = reasons or {"*": "no tasks available"}
             out["retry_after"] = min(1.0, self.settings.lease_seconds / 4)
         return out
+
+    def pace(self, node_id: str) -> dict[str, Any]:
+        """What this node should sustain: its share of the tasks per second the trainers
+        would consume if never kept waiting (None until a trainer has stepped), and its
+        measured turnaround. In flight = rate x turnaround (Little's law) is then the
+        concurrency that keeps the trainers fed without holding leases idle."""
+        nodes = sum(1 for n in self.nodes.values() if n.kind == "raas" and n.state == "active")
+        demand = None
+        for policy in self.policies:
+            rate, per_task = self.pacing.fed_step_rate(policy), self._samples_per_task(policy)
+            if rate is not None and per_task > 0 and not self._orphaned(policy):
+                need = rate * self.settings.batch_size / per_task
+                demand = need if demand is None else max(demand, need)
+        return {"tasks_per_second": None if demand is None else demand / max(nodes, 1),
+                "turnaround_seconds": self.pacing.turnaround(node_id)}
 
     async def post_tasks(self, req: TasksIn) -> dict[str, Any]:
         """Queue tasks sent over HTTP (idempotent by task id)."""
@@ -798,6 +861,7 @@ class DataflowService:
             rewards = [ct.reward for ct in members]
             failed = [bool(ct.metadata.get(REWARD_FAILED)) for ct in members]
             deltas[f"produced:{policy}"] += len(members)
+            deltas[_pool_key("produced", policy, pool)] += len(members)
             deltas[f"reward_failed:{policy}"] += sum(failed)
             if any(failed) and policy not in self.reward_errors:
                 first = next(ct for ct, bad in zip(members, failed, strict=True) if bad)
@@ -871,6 +935,8 @@ class DataflowService:
             self.fresh[item.policy][item.id] = item
         if accepted:
             self.autoscale.produce(pool, accepted)
+        if node_id in self.nodes:
+            self.pacing.task_done(node_id, now - stamp["leased_at"])
         for policy in {i.policy for i in items}:
             self._pulse_arrival(policy)
         return {
@@ -1004,6 +1070,7 @@ class DataflowService:
         keep = self.sampler is not None
         evict: list[ItemRec] = []
         trained = [self.in_batches.pop(item_id) for item_id in rec.items]
+        deltas.update(_pool_key("consumed", policy, item.pool) for item in trained)
         if keep:
             # the replay pool holds only what may still be trained on: never a stale item
             pool = self.replayable[policy]
@@ -1033,6 +1100,7 @@ class DataflowService:
         self.store.payloads.release(item.loc for item in evict)
         self.counters.update(deltas)
         self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
+        self.pacing.acked(policy, wait_seconds, step_seconds)
         self._pulse_changed()
         return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}
 
@@ -1123,20 +1191,52 @@ class DataflowService:
                 sizes[pool] = sizes.get(pool, 0) + 1
         return sizes
 
-    def stale_by_pool(self) -> dict[str, dict[str, int]]:
-        """Stale drops per policy and rollout pool: which pool lags too far behind."""
+    def by_pool(self, event: str) -> dict[str, dict[str, int]]:
+        """A per-(policy, pool) counter: produced, consumed or dropped_stale samples."""
+        prefix = f"{event}_pool:"
         out: dict[str, dict[str, int]] = {p: {} for p in self.policies}
         for name, n in self.counters.items():
-            if name.startswith(_STALE_BY_POOL) and n:
-                policy, pool = json.loads(name[len(_STALE_BY_POOL):])
+            if name.startswith(prefix) and n:
+                policy, pool = json.loads(name[len(prefix):])
                 if policy in out:
                     out[policy][pool] = n
         return out
+
+    def stale_by_pool(self) -> dict[str, dict[str, int]]:
+        """Stale drops per policy and rollout pool: which pool lags too far behind."""
+        return self.by_pool("dropped_stale")
+
+    def _yield(self, policy: str) -> dict[str, Any]:
+        """How much of what the nodes generated for ``policy`` was trained on, in all
+        and per rollout pool. What is still buffered or in a batch being trained on is
+        left out of the fraction (it may yet be trained on) and reported as pending."""
+        c = self.counters
+        waiting = Counter(item.pool for item in self.fresh[policy].values())
+        waiting.update(item.pool for item in self.in_batches.values() if item.policy == policy)
+        pending = sum(waiting.values())
+        generated, trained = c[f"produced:{policy}"], c[f"consumed:{policy}"]
+        produced, consumed = self.by_pool("produced")[policy], self.by_pool("consumed")[policy]
+        stale = self.stale_by_pool()[policy]
+        return {
+            "generated": generated,
+            "trained": trained,
+            "pending": pending,
+            "trained_fraction": _fraction(trained, generated - pending),
+            "by_pool": {
+                pool: {"generated": produced.get(pool, 0), "trained": consumed.get(pool, 0),
+                       "dropped_stale": stale.get(pool, 0),
+                       "pending": waiting[pool],
+                       "trained_fraction": _fraction(consumed.get(pool, 0),
+                                                     produced.get(pool, 0) - waiting[pool])}
+                for pool in sorted(set(produced) | set(consumed))
+            },
+        }
 
     def status(self) -> dict[str, Any]:
         c = self.counters
         now = time.monotonic()
         stale_by_pool = self.stale_by_pool()
+        leased = Counter(r.node_id for r in self.tasks.values() if r.state == "leased")
         nodes = [
             {
                 "node_id": n.node_id,
@@ -1144,6 +1244,9 @@ class DataflowService:
                 "state": n.state,
                 "labels": n.labels,
                 "seconds_since_heartbeat": round(now - n.last_seen, 3),
+                **({"in_flight": leased[n.node_id],
+                    "turnaround_seconds": self.pacing.turnaround(n.node_id)}
+                   if n.kind == "raas" else {}),
             }
             for n in self.nodes.values()
         ]
@@ -1172,6 +1275,8 @@ class DataflowService:
                                  "reward_failed")
                 },
                 "first_reward_error": self.reward_errors.get(p),
+                "admission_refusals": dict(self.refusals[p]),
+                **self._yield(p),
             }
             for p, m in self.policies.items()
         }

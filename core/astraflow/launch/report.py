@@ -11,7 +11,6 @@ from omegaconf import DictConfig
 
 from astraflow.components import policy_names
 from astraflow.launch.metrics import by_policy, read_records
-from astraflow.trainer.runtime import GENERATED
 
 
 def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
@@ -37,8 +36,14 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             "final_eval_greedy_accuracy": ev[-1]["eval_greedy_accuracy"] if ev else None,
             "final_version": ev[-1]["version"] if ev else None,
             "steps": max((r["step"] for r in tr), default=0),
-            "trajectories_generated": sum(counts.get(policy, {}).get(k, 0) for k in GENERATED),
+            "trajectories_generated": counts.get(policy, {}).get("generated", 0),
             "trajectories_trained": sum(r["batch_size"] for r in tr),
+            # trained / generated, leaving out what was still buffered at the end
+            # (reported as trajectories_left_over)
+            "trained_fraction": counts.get(policy, {}).get("trained_fraction"),
+            "trajectories_left_over": counts.get(policy, {}).get("pending", 0),
+            "by_pool": counts.get(policy, {}).get("by_pool", {}),
+            "trainer_wait_fraction": _wait_fraction(tr),
             "wall_seconds": wall_seconds,
             # what start-up costs: from the launcher's start to the end of step 1
             "first_step_seconds": (min(r["time"] for r in tr) - started
@@ -46,6 +51,13 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
         }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _wait_fraction(train: list[dict[str, Any]]) -> float | None:
+    """Share of the trainer's time spent waiting for a batch, over the whole run."""
+    wait = sum(r.get("wait_seconds", 0.0) for r in train)
+    busy = sum(r.get("step_seconds", 0.0) for r in train)
+    return round(wait / (wait + busy), 4) if wait + busy > 0 else None
 
 
 def _tensorboard(run_dir: Path, train: dict, evals: dict) -> None:

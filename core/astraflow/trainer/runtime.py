@@ -30,8 +30,6 @@ from astraflow.rewards.base import reward_metric_means
 from astraflow.trainer import distributed
 
 log = logging.getLogger("astraflow.trainer")
-#: status counts that together are every trajectory generated for a policy
-GENERATED = ("accepted", "filtered", "dropped_stale", "dropped_no_trainer")
 
 
 class TrainerRuntime:
@@ -198,7 +196,9 @@ class TrainerRuntime:
                 "train_seconds": t_trained - t1, "publish_seconds": t_published - t_trained,
                 "checkpoint_seconds": t2 - t_published,
                 # every rollout this policy's nodes produced so far, kept or not
-                "generated": sum(produced[k] for k in GENERATED),
+                "generated": produced["generated"],
+                # of what the nodes generated and is not still waiting in the buffer
+                "trained_fraction": produced["trained_fraction"],
                 **{f"pool/{name}": n for name, n in sorted(pools.items())},
                 # and, run so far, how many each pool's lag cost (dropped as too stale)
                 **{f"dropped_stale/{name}": n for name, n
