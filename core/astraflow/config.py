@@ -86,7 +86,8 @@ class AstraFlowConfig:
     autoscale: bool = False
     min_nodes: int = 1
     max_nodes: int = 4
-    node_concurrency: int = 16  # tasks in flight per RaaS node
+    #: most tasks a RaaS node keeps in flight; below it, rate x turnaround (Little's law)
+    node_concurrency: int = 64
     #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
     #: with its step, so a step can be replayed offline (large: for debugging)
     record_batches: bool = False

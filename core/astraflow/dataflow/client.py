@@ -53,6 +53,9 @@ class _Call:
 
 #: small requests must not wait for a delayed ACK (Nagle) between headers and body
 SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+#: connections of an asyncio client; requests beyond wait for one (two are held by
+#: the long-polls of a node: new versions and leases)
+MAX_CONNECTIONS = 8
 
 
 def _retryable(status: int) -> bool:
@@ -75,6 +78,9 @@ class _Api:
                         "Content-Type": MSGPACK}
         self.node_id: str | None = None
         self.backpressure: dict[str, str] = {}
+        #: the data layer's pacing hint from the last lease: tasks_per_second (this
+        #: node's share of what the trainers consume) and turnaround_seconds
+        self.pace: dict[str, Any] = {}
         self._registration: dict[str, Any] | None = None
 
     def _do(self, call: _Call) -> Any:
@@ -159,6 +165,7 @@ class _Api:
 
         def leases(data: dict[str, Any]) -> list[Lease]:
             self.backpressure = data.get("backpressure", {})
+            self.pace = data.get("pace", self.pace)
             return [Lease.from_wire(x) for x in data["leases"]]
 
         return self._do(_Call("POST", "/v1/leases", body, timeout=wait + self.timeout,
@@ -186,6 +193,7 @@ class _Api:
         def parse(data: dict[str, Any]) -> dict[str, Any]:
             if "leases" in data:
                 self.backpressure = data.get("backpressure", {})
+                self.pace = data.get("pace", self.pace)
                 data["leases"] = [Lease.from_wire(x) for x in data["leases"]]
             return data
 
@@ -285,9 +293,14 @@ class AsyncDataflowClient(_Api):
     def __init__(self, url: str, token: str, *, timeout: float = 30.0,
                  retry_for: float = 300.0) -> None:
         super().__init__(url, token, timeout, retry_for)
+        # few connections, shared by every rollout in flight: the pool checks each of its
+        # connections on every request, so one per rollout (64 and more) made the HTTP
+        # client a third of a node's time
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=self.headers, timeout=timeout,
-            transport=httpx.AsyncHTTPTransport(socket_options=SOCKET_OPTIONS),
+            transport=httpx.AsyncHTTPTransport(socket_options=SOCKET_OPTIONS,
+                                               limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
+                                                                   max_keepalive_connections=MAX_CONNECTIONS)),
         )
 
     async def _do(self, call: _Call) -> Any:

@@ -65,7 +65,8 @@ def cmd_raas(argv: list[str]) -> int:
     parser.add_argument("--pool", default="default")
     parser.add_argument("--region", default="local")
     parser.add_argument("--name", default=None)
-    parser.add_argument("--concurrency", type=int, default=16, help="tasks in flight")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="most tasks in flight (fewer while fewer keep the trainers fed)")
     parser.add_argument("--sync-tasks", type=int, default=0,
                         help="synchronous baseline: tasks per iteration (0: asynchronous)")
     parser.add_argument("--throttle", type=float, default=1.0,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -30,17 +31,26 @@ from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import BaseMismatchError
 
 log = logging.getLogger("astraflow.raas")
+#: tasks in flight beyond rate x turnaround, for bursts and turnaround jitter
+HEADROOM = 1.5
+#: weight of the newest turnaround in its moving average
+TURNAROUND_WEIGHT = 0.1
 
 
 @dataclass
 class NodeOptions:
     pool: str = "default"
     region: str = "local"
-    concurrency: int = 16  # tasks in flight
+    #: most tasks in flight (memory and engine limits); how many the node keeps in
+    #: flight below that follows the work: rate x turnaround (Little's law)
+    concurrency: int = 64
     #: fewest seconds between two weight loads (versions published faster than that are
-    #: skipped to the newest), between retries of a failed refresh, and between checks
-    #: for a first version
-    refresh_interval: float = 0.5
+    #: skipped to the newest) and between checks for a first version. Short: every
+    #: version the node is behind takes a batch from what admission control lets it
+    #: have in flight (max_staleness bounds the sum)
+    refresh_interval: float = 0.1
+    #: seconds between retries of a refresh that failed (the data layer restarting)
+    retry_interval: float = 0.5
     #: longest a long-poll for newer weights is held open; each one that ends without
     #: news is followed by one plan request per policy (the store is the truth)
     refresh_wait: float = 10.0
@@ -170,6 +180,9 @@ class RaaSNode:
         self.fatal: Exception | None = None
         self.node_id: str | None = None
         self.completed = 0
+        #: tasks being rolled out now, and the moving average of lease-to-submit seconds
+        self.in_flight = 0
+        self.turnaround: float | None = None
         self._refresh_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -222,9 +235,29 @@ class RaaSNode:
         return {role: EnginePolicy(policy, self.backends[policy], defaults)
                 for role, policy in self.roles.items()}
 
+    def target_in_flight(self) -> int:
+        """Tasks to keep in flight: enough to sustain this node's share of what the
+        trainers consume over its turnaround (Little's law: L = rate x time), with
+        headroom, and never more than ``concurrency``. Until both are measured, the
+        bound: the data layer's admission control still caps what is issued."""
+        cap = self.options.concurrency
+        rate = self.client.pace.get("tasks_per_second")
+        turnaround = self.turnaround or self.client.pace.get("turnaround_seconds")
+        if not rate or not turnaround:
+            return cap
+        return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
+
     async def _run_lease(self, lease: Any, more: bool = False) -> list[Any]:
         """Roll the lease's task out and submit it; with ``more``, the submission also
-        leases the task that takes its slot (returned), saving a round trip."""
+        leases the task that takes its slot (returned), saving a round trip, unless the
+        node keeps fewer in flight now."""
+        self.in_flight += 1
+        try:
+            return await self._roll_out(lease, more)
+        finally:
+            self.in_flight -= 1
+
+    async def _roll_out(self, lease: Any, more: bool) -> list[Any]:
         task = lease.task
         task.metadata["group_id"] = lease.lease_id
         started = time.time()
@@ -237,8 +270,12 @@ class RaaSNode:
                                  region=self.options.region, started_at=started,
                                  finished_at=time.time())
         versions = {p: b.version for p, b in self.backends.items()}
+        more = more and self.in_flight <= self.target_in_flight()
         out = await self.client.submit(lease, trajectories, lease_more=int(more),
                                        versions=versions)
+        seconds = time.time() - started
+        self.turnaround = seconds if self.turnaround is None else (
+            self.turnaround + TURNAROUND_WEIGHT * (seconds - self.turnaround))
         self.completed += 1
         return out.get("leases", [])
 
@@ -273,7 +310,7 @@ class RaaSNode:
                 return
             except Exception as exc:  # the data layer restarting: keep the weights we have
                 log.warning("node %s: weight refresh failed, retrying: %r", self.name, exc)
-                await _wait(stop, self.options.refresh_interval)
+                await _wait(stop, self.options.retry_interval)
 
     async def _lease(self, max_tasks: int, versions: dict[str, int], wait: float = 0.0
                      ) -> list[Any]:
@@ -294,7 +331,7 @@ class RaaSNode:
     async def _async_loop(self, stop: asyncio.Event) -> None:
         running: set[asyncio.Task] = set()
         while not stop.is_set():
-            free = self.options.concurrency - len(running)
+            free = max(0, self.target_in_flight() - len(running))
             versions = {p: b.version for p, b in self.backends.items()}
             leases = await self._lease(free, versions) if free else []
             for lease in leases:
