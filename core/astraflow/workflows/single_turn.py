@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.latency import Latency, LatencyConfig
 
 
 @dataclass
@@ -17,10 +18,21 @@ class SingleTurnConfig:
     name: str = "single_turn"
     max_new_tokens: int = 6
     temperature: float = 1.0
+    #: an environment call per sample before it is scored (a verifier service, a
+    #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
 
 
 class SingleTurnWorkflow(Workflow):
     roles = ("policy",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.latency = Latency(self.config.latency)
+
+    async def _score(self, task: Task, token_ids: list[int]):
+        await self.latency.wait()
+        return await self.score(task, self.completion_text(token_ids))
 
     async def run(
         self, task: Task, policies: dict[str, PolicyHandle], group_size: int
@@ -34,7 +46,7 @@ class SingleTurnWorkflow(Workflow):
             temperature=self.config.temperature,
             stop_token_ids=self.tokenizer.stop_token_ids,
         )
-        scores = await asyncio.gather(*(self.score(task, self.completion_text(gen.token_ids))
+        scores = await asyncio.gather(*(self._score(task, gen.token_ids)
                                         for gen in generations))
         out = []
         for gen, score in zip(generations, scores, strict=True):
