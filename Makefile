@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench bench-peers clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,14 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
+# bench/_*.py are helpers of the benchmarks, not benchmarks
 bench: $(STAMP)
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
+	for b in $(filter-out bench/_%,$(wildcard bench/*.py)); do $(PY) $$b || exit 1; done
+
+# AstraFlow's default job against TRL's GRPOTrainer (TRL in a venv of its own, made once
+# under ~/.cache/astraflow/venv-trl); extra arguments: make bench-peers ARGS="--latency"
+bench-peers: $(STAMP)
+	$(PY) bench/peers.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs outputs .pytest_cache .ruff_cache

@@ -1,0 +1,316 @@
+"""AstraFlow's default job against TRL's GRPOTrainer: training time to held-out accuracy.
+
+Both sides run one job: the same warm-started tiny model (the very checkpoint directory
+AstraFlow's launcher builds and caches), the arithmetic task's train split in the same
+order, prompts encoded to the same ids, the same exact-match reward, 32 prompts x 8
+samples per optimizer step, 6 new tokens at temperature 1.0, AdamW at lr 3e-4 on a
+cosine schedule to 0.1x, PPO clip 0.2/0.28, no KL, a token mean over the batch, the
+same seed; and the same held-out evaluation (``eval_samples`` sampled answers per
+held-out task, every ``eval_every`` steps). Every setting is read from the AstraFlow
+config the two sides share (``python -m astraflow`` with no overrides but the step
+count and, for the latency job, the environment latency), so they cannot drift apart.
+
+* AstraFlow: ``python -m astraflow`` (its default: asynchronous, HF rollout engine,
+  trainer, evaluator and data layer as processes, one torch thread each);
+* TRL: ``GRPOTrainer`` in one process (HF ``generate``, 2 torch threads), in a
+  virtualenv of its own (TRL pins its own versions), made once under
+  ``~/.cache/astraflow/venv-trl``. Its evaluation stops training, so its time is kept
+  out of TRL's clock; AstraFlow's evaluator runs beside the trainer and shares the CPU.
+
+For each accuracy threshold the table gives the training seconds each side needs to
+first reach it -- from the end of training step 1 to the end of the step whose weights
+were evaluated (start-up and the first step are left out on both sides) -- and the
+ratio TRL / AstraFlow; then the same from the command's start (start-up included).
+
+``--latency``: the latency job instead -- each sample's reward waits a log-normal
+environment call (``workflow.latency``, median ``--latency-median`` s, shape
+``--latency-sigma``). AstraFlow waits for every sample on its own; TRL, a synchronous
+trainer, calls its reward once per generation batch and waits for the slowest sample.
+
+Usage: python bench/peers.py [--steps 600] [--latency] [--skip-astraflow] [--skip-trl]
+Writes bench/results/peers.json (keys ``plain`` and ``latency``); the runs stay in
+runs/peers/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _machine import cpu_model
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results" / "peers.json"
+RUNS = REPO / "runs" / "peers"
+CACHE = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+TRL_VENV = CACHE / "venv-trl"
+#: what the TRL virtualenv holds: the CPU torch wheel the project pins, TRL (which pins
+#: its own transformers and accelerate), and AstraFlow's torch-free core for its task,
+#: reward and tokenizer
+TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0")
+_IMPORT_CHECK = ("import torch, trl, transformers, datasets, astraflow.components, "
+                 "astraflow.text; print(f'torch {torch.__version__}, trl {trl.__version__}, '"
+                 "f'transformers {transformers.__version__}')")
+THRESHOLDS = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)
+
+
+def trl_python() -> Path:
+    """The TRL virtualenv's interpreter, the virtualenv made first if it is not there."""
+    python = TRL_VENV / "bin" / "python"
+    stamp = TRL_VENV / ".installed"
+    wanted = json.dumps({"requirements": TRL_REQUIREMENTS, "repo": str(REPO)})
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    print(f"peers: making the TRL virtualenv in {TRL_VENV} (once; a few minutes)", flush=True)
+    base = shutil.which("python3") or sys.executable
+    steps = [
+        ("creating the virtualenv", [base, "-m", "venv", str(TRL_VENV)]),
+        ("upgrading pip", [str(python), "-m", "pip", "install", "--upgrade", "pip"]),
+        # torch first, pinned to the local CPU wheel: an unpinned one pulls a CUDA build
+        (f"installing {TRL_REQUIREMENTS[0]}",
+         [str(python), "-m", "pip", "install", TRL_REQUIREMENTS[0]]),
+        (f"installing {TRL_REQUIREMENTS[1]}",
+         [str(python), "-m", "pip", "install", *TRL_REQUIREMENTS]),
+        # the core alone (no extras): torch-free, it brings the task, reward and tokenizer
+        (f"installing astraflow's core from {REPO}",
+         [str(python), "-m", "pip", "install", "-e", str(REPO)]),
+    ]
+    for n, (what, cmd) in enumerate(steps, 1):
+        print(f"peers: [{n}/{len(steps) + 1}] {what}", flush=True)
+        subprocess.run(cmd, check=True)
+    print(f"peers: [{len(steps) + 1}/{len(steps) + 1}] checking the imports", flush=True)
+    check = subprocess.run([str(python), "-c", _IMPORT_CHECK], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise SystemExit(f"the TRL virtualenv {TRL_VENV} cannot import what the benchmark "
+                         f"needs:\n{check.stderr[-3000:]}")
+    print(f"peers: TRL virtualenv ready: {check.stdout.strip()}", flush=True)
+    stamp.write_text(wanted)
+    return python
+
+
+def shared_config(overrides: list[str], run_dir: Path) -> Any:
+    """The AstraFlow run config for ``overrides``, resolved by the launcher's own
+    ``prepare`` (which builds or reuses the cached warm-started model) and written to
+    ``run_dir/config.yaml``: what the TRL side reads."""
+    from astraflow.config import compose_config
+    from astraflow.launch.local import prepare
+
+    cfg, _ = prepare(compose_config([f"run_dir={run_dir}", *overrides]))
+    return cfg
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def run_astraflow(overrides: list[str], run_dir: Path, shared: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    log = run_dir.parent / f"{run_dir.name}.log"
+    print(f"astraflow: running (log {log})", flush=True)
+    started = time.time()
+    with log.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "astraflow", f"run_dir={run_dir}",
+                               *overrides],
+                              stdout=fh, stderr=subprocess.STDOUT)
+    wall = time.time() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"astraflow failed ({proc.returncode}):\n{_tail(log)}")
+    mine = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    theirs = OmegaConf.to_container(shared)
+    mine.pop("run_dir")
+    theirs.pop("run_dir")
+    if mine != theirs:
+        differ = sorted(k for k in set(_flat(mine)) | set(_flat(theirs))
+                        if _flat(mine).get(k) != _flat(theirs).get(k))
+        raise SystemExit("the AstraFlow run resolved another config than the one TRL is "
+                         f"given: {', '.join(differ)}")
+    policy = next(iter(shared.policies))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    train = [r for r in records if r["kind"] == "train" and r["policy"] == policy]
+    evals = sorted((r for r in records if r["kind"] == "eval" and r["policy"] == policy),
+                   key=lambda r: r["version"])
+    # the end of the step that made each version (the eval record names the version)
+    ended = {r["version"]: r["time"] for r in train}
+    first = min(r["time"] for r in train if r["step"] == 1)
+    points = [_point(r["version"], r["eval_accuracy"], ended.get(r["version"]), first, started)
+              for r in evals if r["version"] == 0 or r["version"] in ended]
+    last = max(train, key=lambda r: r["step"])
+    out = _summary(points, wall, first - started, (last["time"] - first) / max(last["step"] - 1, 1),
+                   last["step"])
+    out["run_dir"] = str(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    out["trainer_wait_fraction"] = summary["policies"][policy]["trainer_wait_fraction"]
+    return out
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+
+
+def run_trl(python: Path, config: Path, run_dir: Path, threads: int) -> dict[str, Any]:
+    out_json = run_dir / "trl.json"
+    log = run_dir / "trl.log"
+    print(f"trl: running (log {log})", flush=True)
+    started = time.time()
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    with log.open("w") as fh:
+        # progress lines on stdout, everything else (warnings) in the log
+        proc = subprocess.run([str(python), str(BENCH / "_trl_grpo.py"), str(config),
+                               str(out_json), "--threads", str(threads)],
+                              stderr=fh, env=env, cwd=run_dir)
+    wall = time.time() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"trl failed ({proc.returncode}):\n{_tail(log)}")
+    data = json.loads(out_json.read_text())
+    # the training clock: each step's end minus the evaluations before it
+    ended = {s["step"]: s["time"] - s["eval_seconds"] for s in data["steps"]}
+    first = ended[1]
+    points = [_point(e["step"], e["eval_accuracy"], ended.get(e["step"]), first, started)
+              for e in data["evals"] if e["step"] == 0 or e["step"] in ended]
+    last = max(ended)
+    out = _summary(points, wall, first - started, (ended[last] - first) / max(last - 1, 1), last)
+    out.update(run_dir=str(run_dir), eval_seconds=data["eval_seconds"],
+               latency_seconds=data["latency_seconds"], grpo_config=data["grpo_config"],
+               versions=data["versions"], threads=data["threads"])
+    return out
+
+
+def _point(step: int, accuracy: float, ended: float | None, first: float,
+           started: float) -> dict[str, Any]:
+    """An evaluation of the weights after ``step``; step 0 is the start (no time)."""
+    if step == 0 or ended is None:
+        return {"step": step, "eval_accuracy": accuracy, "from_first_step": None,
+                "from_start": None}
+    return {"step": step, "eval_accuracy": accuracy, "from_first_step": ended - first,
+            "from_start": ended - started}
+
+
+def _summary(points: list[dict[str, Any]], wall: float, first_step: float,
+             per_step: float, steps: int) -> dict[str, Any]:
+    return {"points": points, "wall_seconds": wall, "first_step_seconds": first_step,
+            "seconds_per_step": per_step, "steps": steps,
+            "start_eval_accuracy": points[0]["eval_accuracy"] if points else None,
+            "final_eval_accuracy": points[-1]["eval_accuracy"] if points else None}
+
+
+def time_to(points: list[dict[str, Any]], threshold: float, key: str) -> float | None:
+    """Seconds (``key``) at which held-out accuracy first reaches ``threshold``: 0 if the
+    start does, None if never."""
+    for p in points:
+        if p["eval_accuracy"] >= threshold - 1e-9:
+            return 0.0 if p["step"] == 0 else p[key]
+    return None
+
+
+def compare(sides: dict[str, dict[str, Any]], thresholds: list[float]) -> list[dict[str, Any]]:
+    rows = []
+    for th in thresholds:
+        row: dict[str, Any] = {"threshold": th}
+        for key in ("from_first_step", "from_start"):
+            a = time_to(sides["astraflow"]["points"], th, key) if "astraflow" in sides else None
+            t = time_to(sides["trl"]["points"], th, key) if "trl" in sides else None
+            row[f"astraflow_{key}"], row[f"trl_{key}"] = a, t
+            # a threshold the start already meets (0 s) compares nothing
+            row[f"ratio_{key}"] = t / a if a and t else None
+        rows.append(row)
+    return rows
+
+
+def _s(value: float | None) -> str:
+    return "    --" if value is None else " start" if value == 0 else f"{value:6.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "   --" if value is None else f"{value:5.2f}x"
+
+
+def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    print(f"\n{job} job -- held-out eval_accuracy, start -> final:")
+    for name, side in sides.items():
+        print(f"  {name:>9}: {side['start_eval_accuracy']:.3f} -> {side['final_eval_accuracy']:.3f}"
+              f" in {side['steps']} steps, {side['seconds_per_step']:.2f} s/step, first step "
+              f"{side['first_step_seconds']:.1f} s after start, wall {side['wall_seconds']:.0f} s")
+    print("  seconds to first reach the accuracy (never: --; start: before step 1)")
+    print("            from the end of step 1          from the command's start")
+    print("  accuracy  AstraFlow    TRL  TRL/AstraFlow  AstraFlow    TRL  TRL/AstraFlow")
+    for r in rows:
+        print(f"  {r['threshold']:8.2f}  {_s(r['astraflow_from_first_step'])}    "
+              f"{_s(r['trl_from_first_step'])}  {_x(r['ratio_from_first_step'])}       "
+              f"{_s(r['astraflow_from_start'])}    {_s(r['trl_from_start'])}  "
+              f"{_x(r['ratio_from_start'])}")
+
+
+def main() -> None:
+    from astraflow.config import AstraFlowConfig
+
+    defaults = AstraFlowConfig()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help=f"held-out evaluation every N steps (default {defaults.eval_every})")
+    parser.add_argument("--latency", action="store_true",
+                        help="the latency job (log-normal environment latency per sample)")
+    parser.add_argument("--latency-median", type=float, default=0.1)
+    parser.add_argument("--latency-sigma", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
+    parser.add_argument("--skip-astraflow", action="store_true",
+                        help="keep AstraFlow's last figures for this job (same steps)")
+    parser.add_argument("--skip-trl", action="store_true",
+                        help="keep TRL's last figures for this job (same steps)")
+    args = parser.parse_args()
+    job = "latency" if args.latency else "plain"
+    # launcher.progress=false: the run's log gets no progress bar (both sides' config)
+    overrides = ["launcher.progress=false", f"steps={args.steps}"]
+    if args.eval_every is not None:
+        overrides.append(f"eval_every={args.eval_every}")
+    if args.latency:
+        overrides += ["workflow.latency.kind=lognormal",
+                      f"workflow.latency.median={args.latency_median}",
+                      f"workflow.latency.sigma={args.latency_sigma}"]
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    previous = results.get(job, {})
+    if previous.get("config", {}).get("overrides") != overrides:
+        previous = {}  # another job: its figures do not compare with this one's
+    cpu = cpu_model()
+    print(f"CPU: {cpu}\njob: {job} ({' '.join(overrides[1:])})", flush=True)
+    root = RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{job}"
+    root.mkdir(parents=True, exist_ok=True)
+    python = None if args.skip_trl else trl_python()
+    shared = shared_config(overrides, root / "trl")
+    print(f"model: {shared.model.path}", flush=True)
+    sides: dict[str, dict[str, Any]] = {}
+    if args.skip_astraflow:
+        if "astraflow" in previous:
+            sides["astraflow"] = previous["astraflow"]
+    else:
+        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared)
+    if args.skip_trl:
+        if "trl" in previous:
+            sides["trl"] = previous["trl"]
+    else:
+        assert python is not None
+        sides["trl"] = run_trl(python, root / "trl" / "config.yaml", root / "trl", args.threads)
+    rows = compare(sides, args.thresholds)
+    report(job, sides, rows)
+    results[job] = {"config": {"overrides": overrides, "threads": args.threads,
+                               "model": str(shared.model.path)},
+                    "cpu": cpu, **sides, "thresholds": rows}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
