@@ -240,12 +240,9 @@ class RaaSNode:
         trainers consume over its turnaround (Little's law: L = rate x time), with
         headroom, and never more than ``concurrency``. Until both are measured, the
         bound: the data layer's admission control still caps what is issued."""
-        cap = self.options.concurrency
-        rate = self.client.pace.get("tasks_per_second")
-        turnaround = self.turnaround or self.client.pace.get("turnaround_seconds")
-        if not rate or not turnaround:
-            return cap
-        return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
+        return in_flight_target(self.client.pace.get("tasks_per_second"),
+                                self.turnaround or self.client.pace.get("turnaround_seconds"),
+                                self.options.concurrency)
 
     async def _run_lease(self, lease: Any, more: bool = False) -> list[Any]:
         """Roll the lease's task out and submit it; with ``more``, the submission also
@@ -406,6 +403,14 @@ class RaaSNode:
             log.info("node %s left after %d rollouts", self.name, self.completed)
         if self.fatal is not None:
             raise self.fatal
+
+
+def in_flight_target(rate: float | None, turnaround: float | None, cap: int) -> int:
+    """Little's law with headroom: ``rate`` tasks/s for ``turnaround`` s each, at most
+    ``cap``; ``cap`` while either is unknown."""
+    if not rate or not turnaround:
+        return cap
+    return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
 
 
 def _report(done: set[asyncio.Task]) -> None:
