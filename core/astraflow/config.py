@@ -80,6 +80,9 @@ class AstraFlowConfig:
     group_size: int = 8
     eval_every: int = 50
     eval_samples: int = 8  # samples per held-out task for eval_accuracy
+    #: the evaluator's CPU niceness (0-19): where it shares CPUs with a trainer or an
+    #: engine it takes what they leave, so evaluating does not slow training
+    eval_niceness: int = 10
     num_nodes: int = 1
     #: let the local launcher start and retire nodes after the data layer's autoscale
     #: report, keeping between min_nodes and max_nodes

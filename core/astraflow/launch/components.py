@@ -140,6 +140,9 @@ def cmd_eval(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _logging()
     cfg = load_config(args.config)
+    # held-out evaluation is off the critical path: where it shares CPUs with a trainer
+    # or an engine, it takes what they leave
+    os.nice(max(0, int(cfg.get("eval_niceness", 0))))
     evaluator = Evaluator(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics)
     asyncio.run(evaluator.run())
     return 0
