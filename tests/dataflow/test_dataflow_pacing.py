@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from dataflow_helpers import group
 
-from astraflow.raas.node import in_flight_target
+from astraflow.raas.node import START_IN_FLIGHT, in_flight_target
 
 
 def test_lease_replies_carry_each_nodes_share_of_what_the_trainer_consumes(start_server,
@@ -40,6 +40,7 @@ def test_a_node_keeps_rate_times_turnaround_in_flight_within_its_bound():
     assert in_flight_target(5.0, 20.0, cap=256) == 151
     assert in_flight_target(5.0, 20.0, cap=64) == 64
     assert in_flight_target(5.0, 0.01, cap=64) == 2
-    # nothing measured yet: the bound (admission control still caps what is issued)
-    assert in_flight_target(None, 2.0, cap=64) == 64
-    assert in_flight_target(5.0, None, cap=64) == 64
+    # nothing measured yet: a start that does not flood a slow workload
+    assert in_flight_target(None, 2.0, cap=64) == START_IN_FLIGHT < 64
+    assert in_flight_target(5.0, None, cap=64) == START_IN_FLIGHT
+    assert in_flight_target(None, None, cap=4) == 4

@@ -33,6 +33,8 @@ from astraflow.weights.base import BaseMismatchError
 log = logging.getLogger("astraflow.raas")
 #: tasks in flight beyond rate x turnaround, for bursts and turnaround jitter
 HEADROOM = 1.5
+#: tasks in flight before the trainers' rate and the node's turnaround are measured
+START_IN_FLIGHT = 16
 #: weight of the newest turnaround in its moving average
 TURNAROUND_WEIGHT = 0.1
 
@@ -238,8 +240,7 @@ class RaaSNode:
     def target_in_flight(self) -> int:
         """Tasks to keep in flight: enough to sustain this node's share of what the
         trainers consume over its turnaround (Little's law: L = rate x time), with
-        headroom, and never more than ``concurrency``. Until both are measured, the
-        bound: the data layer's admission control still caps what is issued."""
+        headroom, and never more than ``concurrency``."""
         return in_flight_target(self.client.pace.get("tasks_per_second"),
                                 self.turnaround or self.client.pace.get("turnaround_seconds"),
                                 self.options.concurrency)
@@ -407,9 +408,10 @@ class RaaSNode:
 
 def in_flight_target(rate: float | None, turnaround: float | None, cap: int) -> int:
     """Little's law with headroom: ``rate`` tasks/s for ``turnaround`` s each, at most
-    ``cap``; ``cap`` while either is unknown."""
+    ``cap``. While either is unknown, ``START_IN_FLIGHT``: a node does not flood a slow
+    workload (agents with timeouts) before it has measured it."""
     if not rate or not turnaround:
-        return cap
+        return min(cap, START_IN_FLIGHT)
     return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
 
 
