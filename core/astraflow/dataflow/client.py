@@ -53,9 +53,8 @@ class _Call:
 
 #: small requests must not wait for a delayed ACK (Nagle) between headers and body
 SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-#: connections of an asyncio client; requests beyond wait for one (two are held by
-#: the long-polls of a node: new versions and leases)
-MAX_CONNECTIONS = 8
+#: idle connections an asyncio client keeps open for reuse
+KEEPALIVE_CONNECTIONS = 8
 
 
 def _retryable(status: int) -> bool:
@@ -293,14 +292,16 @@ class AsyncDataflowClient(_Api):
     def __init__(self, url: str, token: str, *, timeout: float = 30.0,
                  retry_for: float = 300.0) -> None:
         super().__init__(url, token, timeout, retry_for)
-        # few connections, shared by every rollout in flight: the pool checks each of its
-        # connections on every request, so one per rollout (64 and more) made the HTTP
-        # client a third of a node's time
+        # few idle connections kept: the pool checks each of its connections on every
+        # request, so one kept per rollout in flight (64 and more) made the HTTP client a
+        # third of a node's time; a burst still opens what it needs (never queued behind
+        # a long-poll)
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=self.headers, timeout=timeout,
-            transport=httpx.AsyncHTTPTransport(socket_options=SOCKET_OPTIONS,
-                                               limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
-                                                                   max_keepalive_connections=MAX_CONNECTIONS)),
+            transport=httpx.AsyncHTTPTransport(
+                socket_options=SOCKET_OPTIONS,
+                limits=httpx.Limits(max_connections=None,
+                                    max_keepalive_connections=KEEPALIVE_CONNECTIONS)),
         )
 
     async def _do(self, call: _Call) -> Any:
