@@ -53,6 +53,9 @@ class NodeOptions:
     refresh_interval: float = 0.1
     #: seconds between retries of a refresh that failed (the data layer restarting)
     retry_interval: float = 0.5
+    #: seconds a leaving node spends finishing and submitting what it leased; what is
+    #: still running then is dropped (its leases expire and the tasks are issued again)
+    leave_grace: float = 20.0
     #: longest a long-poll for newer weights is held open; each one that ends without
     #: news is followed by one plan request per policy (the store is the truth)
     refresh_wait: float = 10.0
@@ -345,8 +348,16 @@ class RaaSNode:
                     for lease in finished.result():
                         running.add(asyncio.create_task(
                             self._run_lease(lease, more=not stop.is_set())))
-        if running:  # a leaving node finishes what it leased
-            _report((await asyncio.wait(running))[0])
+        if running:  # a leaving node finishes what it leased, for a while
+            done, late = await asyncio.wait(running, timeout=self.options.leave_grace)
+            _report(done)
+            for task in late:  # e.g. submissions retrying a data layer that is gone:
+                task.cancel()  # their leases expire and are issued again
+            if late:
+                log.warning("node %s: left %d rollouts unfinished after %.0fs; their tasks "
+                            "will be issued again", self.name, len(late),
+                            self.options.leave_grace)
+                await asyncio.wait(late)
 
     async def _sync_loop(self, stop: asyncio.Event) -> None:
         """The trainer-centred baseline: generate an iteration with the current weights,
