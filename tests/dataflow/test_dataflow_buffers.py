@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 
 import httpx
 import pytest
-from dataflow_helpers import TOKEN, group, make_trajectory, wait_until
+from dataflow_helpers import TOKEN, group, make_trajectory
 
 from astraflow.dataflow.client import DataflowError
 from astraflow.types import Task
@@ -288,17 +287,20 @@ def test_no_task_is_issued_whose_samples_a_running_step_would_make_stale(start_s
 
 def test_a_node_slower_than_the_staleness_bound_is_told_so_until_the_trainer_slows(
         start_server, connect):
-    # a trainer stepping every ~0.05 s, fed by a fast node, and a slow node taking
-    # ~0.4 s per task: with max_staleness=1 the slow node's samples would arrive ~8
-    # versions old, so it is issued nothing and told why; once the trainer has not
-    # stepped for a while, it is issued tasks again
+    # a trainer stepping every 0.05 s, fed by a fast node, and a slow node taking 0.4 s
+    # per task: with max_staleness=1 the slow node's samples would arrive ~8 versions
+    # old, so it is issued nothing and told why; once the trainer has not stepped for a
+    # while, it is issued tasks again. The data layer's clock is the test's, so the
+    # durations are exact and nothing sleeps.
     server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2,
                           batch_size=2)
+    now = [1000.0]
+    server.service.pacing.clock = lambda: now[0]
     trainer, fast, slow = connect(server), connect(server), connect(server)
     fast.register("raas")
     slow.register("raas")
     (lease,) = slow.lease_tasks(max_tasks=1)
-    time.sleep(0.4)  # the slow node's rollout: the turnaround this test is about
+    now[0] += 0.4  # the slow node's rollout
     slow.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
     for version in range(1, 6):
         batch = trainer.get_batch("policy", 2, timeout=1)
@@ -306,8 +308,9 @@ def test_a_node_slower_than_the_staleness_bound_is_told_so_until_the_trainer_slo
         trainer.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.05)
         (fill,) = fast.lease_tasks(max_tasks=1, versions={"policy": version})
         fast.submit(fill, group(fill.task.task_id, [0.0, 1.0], version=version))
-        time.sleep(0.05)  # the trainer's step
+        now[0] += 0.05  # the trainer's step
     assert slow.lease_tasks(max_tasks=1, versions={"policy": 5}) == []
     assert "turnaround" in slow.backpressure["policy"]
-    assert wait_until(lambda: slow.lease_tasks(max_tasks=1, versions={"policy": 5}),
-                      timeout=10)
+    assert slow.status()["policies"]["policy"]["admission_refusals"]["turnaround"] >= 1
+    now[0] += 1.0  # the trainer has not stepped for a second: it would wait for data
+    assert slow.lease_tasks(max_tasks=1, versions={"policy": 5})

@@ -13,6 +13,7 @@ producing samples that would arrive too stale to train on.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 #: weight of the newest measurement in the moving averages
 ALPHA = 0.2
@@ -23,16 +24,18 @@ def _ewma(old: float | None, new: float) -> float:
 
 
 class Pacing:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self._interval: dict[str, float] = {}  # policy -> seconds between acks
         self._compute: dict[str, float] = {}  # policy -> seconds of a step, waits left out
         self._last_ack: dict[str, float] = {}
         self._turnaround: dict[str, float] = {}  # node id -> lease-to-accept seconds
+        self._leased: dict[str, float] = {}  # task id -> when it was last leased
 
     def acked(self, policy: str, wait_seconds: float, step_seconds: float) -> None:
         if step_seconds <= 0:  # a batch acknowledged again after a restart: no step
             return
-        now = time.monotonic()
+        now = self.clock()
         last = self._last_ack.get(policy)
         if last is not None:
             self._interval[policy] = _ewma(self._interval.get(policy), now - last)
@@ -46,15 +49,22 @@ class Pacing:
         interval = self._interval.get(policy)
         if interval is None:
             return None
-        return max(interval, time.monotonic() - self._last_ack[policy])
+        return max(interval, self.clock() - self._last_ack[policy])
 
     def fed_step_rate(self, policy: str) -> float | None:
         """Steps per second the trainer would take if it never waited for data."""
         compute = self._compute.get(policy)
         return None if compute is None else 1.0 / compute
 
-    def task_done(self, node_id: str, seconds: float) -> None:
-        self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), max(seconds, 0.0))
+    def leased(self, task_id: str) -> None:
+        self._leased[task_id] = self.clock()
+
+    def accepted(self, task_id: str, node_id: str) -> None:
+        """``node_id`` submitted ``task_id``: one more turnaround measured."""
+        since = self._leased.pop(task_id, None)
+        if since is not None:
+            seconds = max(self.clock() - since, 0.0)
+            self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), seconds)
 
     def turnaround(self, node_id: str) -> float | None:
         return self._turnaround.get(node_id)

@@ -646,6 +646,7 @@ class DataflowService:
         deadline = time.time() + self.settings.lease_seconds
         for rec in granted:
             rec.state, rec.node_id, rec.deadline = "leased", node.node_id, deadline
+            self.pacing.leased(rec.task_id)
             rec.attempt += 1
             heapq.heappush(self.expiry, (deadline, rec.task_id, rec.attempt))
         return granted, reasons
@@ -936,7 +937,7 @@ class DataflowService:
         if accepted:
             self.autoscale.produce(pool, accepted)
         if node_id in self.nodes:
-            self.pacing.task_done(node_id, now - stamp["leased_at"])
+            self.pacing.accepted(rec.task_id, node_id)
         for policy in {i.policy for i in items}:
             self._pulse_arrival(policy)
         return {
