@@ -189,3 +189,9 @@ def test_a_component_started_alone_with_a_wrong_config_path(tmp_path, component)
     assert proc.stderr.strip() == ("astraflow: error: --config run/config.yaml: no such file "
                                    "(a component takes the config.yaml its run's launcher "
                                    "wrote in the run directory)")
+
+
+def test_a_mistyped_environment_latency_is_refused_before_anything_starts(tmp_path):
+    line = refused(launch(tmp_path, "workflow.latency.kind=lognormla"), tmp_path)
+    assert line == ("astraflow: error: workflow.latency.kind='lognormla'; choose none, "
+                    "fixed or lognormal")
