@@ -1207,7 +1207,8 @@ class DataflowService:
         """Stale drops per policy and rollout pool: which pool lags too far behind."""
         return self.by_pool("dropped_stale")
 
-    def _yield(self, policy: str) -> dict[str, Any]:
+    def _yield(self, policy: str, produced: dict[str, int], consumed: dict[str, int],
+               stale: dict[str, int]) -> dict[str, Any]:
         """How much of what the nodes generated for ``policy`` was trained on, in all
         and per rollout pool. What is still buffered or in a batch being trained on is
         left out of the fraction (it may yet be trained on) and reported as pending."""
@@ -1216,8 +1217,6 @@ class DataflowService:
         waiting.update(item.pool for item in self.in_batches.values() if item.policy == policy)
         pending = sum(waiting.values())
         generated, trained = c[f"produced:{policy}"], c[f"consumed:{policy}"]
-        produced, consumed = self.by_pool("produced")[policy], self.by_pool("consumed")[policy]
-        stale = self.stale_by_pool()[policy]
         return {
             "generated": generated,
             "trained": trained,
@@ -1237,6 +1236,7 @@ class DataflowService:
         c = self.counters
         now = time.monotonic()
         stale_by_pool = self.stale_by_pool()
+        produced, consumed = self.by_pool("produced"), self.by_pool("consumed")
         leased = Counter(r.node_id for r in self.tasks.values() if r.state == "leased")
         nodes = [
             {
@@ -1277,7 +1277,7 @@ class DataflowService:
                 },
                 "first_reward_error": self.reward_errors.get(p),
                 "admission_refusals": dict(self.refusals[p]),
-                **self._yield(p),
+                **self._yield(p, produced[p], consumed[p], stale_by_pool[p]),
             }
             for p, m in self.policies.items()
         }
