@@ -168,6 +168,8 @@ class TrainerRuntime:
                 continue
             t1 = time.time()
             if self.cfg.get("record_batches"):
+                # the first step can come before the first metrics line made the folder
+                self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
                 with self.metrics_path.with_name(f"batches-{self.policy}.jsonl").open("a") as fh:
                     fh.write(json.dumps({"step": self.step + 1, **batch.to_dict()}) + "\n")
             metrics = self.call("train_step", batch)
