@@ -21,7 +21,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from astraflow.dataflow.service import BatchRec, DataflowService, ServiceError
+from astraflow.dataflow.records import BatchRec, ServiceError
+from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.wire import (
     JSON,

@@ -1,0 +1,188 @@
+"""Batches: composing a policy's batch from its buffer (and replay), serving it
+to a trainer and retiring it on acknowledgement.
+
+A part of :class:`~astraflow.dataflow.service.DataflowService`: the state it reads and
+writes is set up there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from astraflow.dataflow.records import (
+    BatchRec,
+    ItemRec,
+    ServiceError,
+    pool_key,
+)
+from astraflow.dataflow.store import CONSUMED, SERVED
+from astraflow.dataflow.wire import unpack_trajectory
+from astraflow.types import Trajectory
+
+
+class BatchesMixin:
+    """Mixed into DataflowService (see the module's docstring)."""
+
+    def _in_order(self, policy: str) -> Iterator[ItemRec]:
+        """Fresh items in serving order: arrival (FIFO) or staleness deadline (EDF)."""
+        fresh = self.fresh[policy].values()
+        if self.settings.order == "fifo":
+            return iter(fresh)
+        big = 1 << 62
+        return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
+                                                  r.id)))
+
+
+    async def _compose(self, policy: str, n: int) -> tuple[list[int], list[int]] | None:
+        """(fresh ids, replayed ids) for a batch of ``n``, or None if not enough yet."""
+        fresh = self.fresh[policy]
+        if self.sampler is None:
+            if len(fresh) < n:
+                return None
+            return [r.id for r in itertools.islice(self._in_order(policy), n)], []
+        pool = self.replayable[policy]
+        if not fresh or len(fresh) + len(pool) < n:
+            return None
+        window = [r.id for r in itertools.islice(self._in_order(policy), max(4 * n, 256))]
+        replay_ids = list(pool)
+        payloads = self._read_payloads([fresh[i] for i in window] + list(pool.values()))
+        trajs: dict[int, Trajectory] = {}
+        for item_id, raw in payloads.items():
+            data = msgpack.unpackb(raw)
+            data.pop("advantage")
+            trajs[item_id] = unpack_trajectory(data)
+        ids_of = {id(t): i for i, t in trajs.items()}
+        picked_fresh, picked_replay = self.sampler.compose(
+            n,
+            [trajs[i] for i in window if i in trajs],
+            [trajs[i] for i in replay_ids if i in trajs],
+            self.versions[policy],
+        )
+        fresh_ids = [ids_of[id(t)] for t in picked_fresh if ids_of.get(id(t)) in fresh]
+        replay = [ids_of[id(t)] for t in picked_replay if ids_of.get(id(t)) in pool]
+        if len(fresh_ids) + len(replay) != n or not fresh_ids:
+            return None
+        return fresh_ids, replay
+
+    async def get_batch(self, policy: str, n: int, timeout: float, trainer_id: str
+                        ) -> tuple[BatchRec, dict[int, bytes], bool] | None:
+        """A batch of ``n`` for ``policy``, waiting up to ``timeout`` for enough items.
+
+        A trainer that asks again before acknowledging its previous batch (it
+        restarted, or lost the reply) gets that same batch again.
+        """
+        self._policy(policy)
+        if n > self.settings.buffer_capacity:
+            raise ServiceError(
+                422, f"n={n} exceeds the buffer capacity {self.settings.buffer_capacity}"
+            )
+        give_up = time.monotonic() + timeout
+        while True:
+            arrival = self._arrival[policy]
+            async with self._policy_locks[policy]:
+                rec = self.outstanding.get((policy, trainer_id))
+                if rec is not None:
+                    return rec, await self._batch_payloads(rec), True
+                picked = await self._compose(policy, n)
+                if picked is not None:
+                    rec, payloads = await self._serve(policy, trainer_id, *picked)
+                    return rec, payloads, False
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self._wait(arrival, remaining)
+
+    async def _batch_payloads(self, rec: BatchRec) -> dict[int, bytes]:
+        pool = self.replayable[rec.policy]
+        return self._read_payloads([self.in_batches[i] for i in rec.items]
+                                   + [pool[i] for i in rec.replay if i in pool])
+
+    async def _serve(self, policy: str, trainer_id: str, ids: list[int], replay: list[int]
+                     ) -> tuple[BatchRec, dict[int, bytes]]:
+        rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, self.versions[policy],
+                       time.time())
+        taken = [self.fresh[policy].pop(i) for i in ids]
+        self.in_batches.update((item.id, item) for item in taken)
+        self.outstanding[(policy, trainer_id)] = rec
+        self.batches[rec.batch_id] = rec
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO batches(batch_id, policy, trainer_id, state, trainer_version, "
+                "replay, created_at) VALUES (?, ?, ?, 'served', ?, ?, ?)",
+                (rec.batch_id, policy, trainer_id, rec.trainer_version, json.dumps(replay),
+                 rec.created_at),
+            )
+            conn.execute(
+                "UPDATE items SET state = ?, batch_id = ? "
+                "WHERE id IN (SELECT value FROM json_each(?))",
+                (SERVED, rec.batch_id, json.dumps(ids)),
+            )
+
+        try:
+            payloads = self._read_payloads(taken + [self.replayable[policy][i] for i in replay])
+            await self.store.run(job)
+        except Exception:
+            del self.outstanding[(policy, trainer_id)], self.batches[rec.batch_id]
+            for item in taken:
+                del self.in_batches[item.id]
+                self.fresh[policy][item.id] = item
+            raise
+        return rec, payloads
+
+    async def ack_batch(self, batch_id: str, wait_seconds: float, step_seconds: float
+                        ) -> dict[str, Any]:
+        """The trainer finished its step on ``batch_id``: its items are consumed."""
+        rec = self.batches.get(batch_id)
+        if rec is None:
+            if batch_id in self.acked:
+                return {"status": "duplicate", "batch_id": batch_id}
+            raise ServiceError(404, f"unknown batch {batch_id!r}")
+        policy = rec.policy
+        deltas = Counter({f"consumed:{policy}": len(rec.items),
+                          f"replayed:{policy}": len(rec.replay)})
+        keep = self.sampler is not None
+        evict: list[ItemRec] = []
+        trained = [self.in_batches.pop(item_id) for item_id in rec.items]
+        deltas.update(pool_key("consumed", policy, item.pool) for item in trained)
+        if keep:
+            # the replay pool holds only what may still be trained on: never a stale item
+            pool = self.replayable[policy]
+            for item in trained:
+                if self._stale(policy, item.min_version):
+                    evict.append(item)
+                else:
+                    pool[item.id] = item
+            while len(pool) > self.settings.buffer_capacity:
+                evict.append(pool.popitem(last=False)[1])
+        else:
+            evict = trained
+
+        def job(conn: sqlite3.Connection) -> None:
+            if keep:
+                conn.execute("UPDATE items SET state = ?, batch_id = NULL WHERE batch_id = ?",
+                             (CONSUMED, batch_id))
+                conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                             (json.dumps([item.id for item in evict]),))
+            else:
+                conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
+            conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
+
+        del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
+        self.acked.add(batch_id)
+        await self.store.run(job, deltas)
+        self.store.payloads.release(item.loc for item in evict)
+        self.counters.update(deltas)
+        self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
+        self.pacing.acked(policy, wait_seconds, step_seconds)
+        self._pulse_changed()
+        return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}

@@ -1,0 +1,100 @@
+"""The data layer's in-memory records (nodes, tasks, buffered items, batches) and the
+small helpers its parts share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from astraflow.dataflow.payloads import Location
+
+log = logging.getLogger("astraflow.dataflow")
+STORE_ERRORS = (OSError, sqlite3.Error)
+#: the pool of a trajectory whose node registered none, or is gone (or from an old store)
+UNKNOWN_POOL = "unknown"
+#: counters per (policy, pool) are named "<event>_pool:" + JSON [policy, pool]
+POOL_EVENTS = ("produced", "consumed", "dropped_stale")
+
+
+def pool_key(event: str, policy: str, pool: str) -> str:
+    # JSON: pool names are free text, so no separator could be safe
+    return f"{event}_pool:" + json.dumps([policy, pool])
+
+
+def stale_key(policy: str, pool: str) -> str:
+    return pool_key("dropped_stale", policy, pool)
+
+
+def share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
+
+
+class ServiceError(Exception):
+    """A request the service refuses; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class NodeRec:
+    node_id: str
+    kind: str
+    labels: dict[str, Any]
+    state: str  # active | retired | left
+    registered_at: float
+    last_seen: float  # monotonic
+
+
+@dataclass
+class TaskRec:
+    task_id: str
+    task: dict[str, Any]  # the Task as issued (task_id is the ledger id)
+    state: str  # pending | leased | done
+    attempt: int
+    node_id: str | None
+    deadline: float | None  # unix time
+    seq: int
+
+
+class ItemRec(NamedTuple):
+    """A buffered trajectory. Immutable, and a tuple of plain values: the garbage
+    collector stops tracking it, so a buffer of 100k items costs its passes nothing."""
+
+    id: int
+    policy: str
+    task_id: str
+    group_id: str
+    min_version: int
+    #: where the payload lies in the payload log
+    loc: Location
+    #: the rollout pool of the node that produced it
+    pool: str
+
+
+@dataclass
+class BatchRec:
+    batch_id: str
+    policy: str
+    trainer_id: str
+    items: list[int]
+    replay: list[int]
+    trainer_version: int
+    created_at: float
+
+
+def log_failure(future: asyncio.Future) -> None:
+    """Announcements nobody awaits (weights' on_publish) must not fail silently."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("version announcement failed: %s", future.exception())
+
+
+def prom_label(value: str) -> str:
+    """A Prometheus label value, escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
