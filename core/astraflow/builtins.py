@@ -49,11 +49,11 @@ def astraflow_register_tasks(register):
     )
     register("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
              description="Rows of local JSON Lines files (task.train_files, task.eval_files).")
-    register("parquet", "astraflow.tasks.files:ParquetTasks", ParquetTaskConfig,
+    register("parquet", "astraflow.tasks.columnar:ParquetTasks", ParquetTaskConfig,
              description="Rows of local Parquet files.")
-    register("hf_dataset", "astraflow.tasks.files:HFDatasetTasks", HFDatasetTaskConfig,
+    register("hf_dataset", "astraflow.tasks.columnar:HFDatasetTasks", HFDatasetTaskConfig,
              description="A dataset saved with `datasets` (save_to_disk) or local data files.")
-    register("verl", "astraflow.tasks.files:VerlTasks", VerlTaskConfig,
+    register("verl", "astraflow.tasks.columnar:VerlTasks", VerlTaskConfig,
              description="verl's parquet layout as it is (messages, reward_model.ground_truth).")
 
 

@@ -13,15 +13,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from astraflow.errors import ConfigError
+from astraflow.tasks.columnar import HFDatasetTasks, ParquetTasks, VerlTasks
 from astraflow.tasks.files import (
     FileTaskConfig,
     HFDatasetTaskConfig,
-    HFDatasetTasks,
     JsonlTasks,
     ParquetTaskConfig,
-    ParquetTasks,
     VerlTaskConfig,
-    VerlTasks,
 )
 
 pa = pytest.importorskip("pyarrow")
@@ -535,7 +533,7 @@ def test_prompts_are_the_tasks_own_copies(tmp_path):
 def test_importing_the_module_loads_no_optional_or_heavy_library():
     import subprocess
 
-    code = ("import sys, astraflow.tasks.files; "
+    code = ("import sys, astraflow.tasks.files, astraflow.tasks.columnar; "
             "bad = [m for m in ('torch', 'transformers', 'pyarrow', 'datasets') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

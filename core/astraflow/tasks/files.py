@@ -14,25 +14,26 @@ counted in :meth:`FileTasks.stats` rather than stopping a long run at hour five.
 from __future__ import annotations
 
 import copy
-import datetime as dt
-import decimal
-import enum
 import glob
 import gzip
 import itertools
 import json
 import logging
-import math
 import os
 import random
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import PurePath
 from typing import IO, Any, ClassVar, NamedTuple, Protocol
 
 from astraflow.contracts import TaskSource
 from astraflow.errors import ConfigError
+from astraflow.tasks.rows import (
+    RowError,
+    answer_text,
+    check_prompt,
+    json_safe,
+    resolve,
+)
 from astraflow.types import Task
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,11 @@ log = logging.getLogger(__name__)
 #: rows per file that ``preflight`` reads; a bad row among them is an error anywhere
 PREFLIGHT_ROWS = 5
 #: rows decoded to Python objects at a time from parquet and arrow files
-_BATCH_ROWS = 1024
+BATCH_ROWS = 1024
 #: invalid rows logged one by one before the rest are only counted
 _MAX_WARNINGS = 20
 _FITS, _TOO_LONG = 1, 2
-_DATA_EXTRA = "pip install 'astraflow[data]'"
+DATA_EXTRA = "pip install 'astraflow[data]'"
 
 
 # ---- configs -------------------------------------------------------------------------
@@ -105,138 +106,6 @@ class VerlTaskConfig(ParquetTaskConfig):
     task_type_key: str | None = "data_source"
 
 
-# ---- values --------------------------------------------------------------------------
-
-_DROP = object()
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as plain JSON types, so a task survives JSON and msgpack unchanged.
-
-    numpy scalars and arrays become Python numbers and lists; datetimes their ISO text;
-    NaN and infinities ``None`` (strict JSON has no such numbers); bytes that are UTF-8
-    become text, other bytes (images, serialized blobs) are dropped -- left out of a
-    mapping, ``None`` in a list -- since shipping them with every lease costs more than
-    a text task can use.
-    """
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:  # the common case, fast
-        return value
-    if kind is dict:
-        return {str(k): safe for k, v in value.items() if (safe := json_safe(v)) is not _DROP}
-    if kind is list:
-        return [None if (safe := json_safe(v)) is _DROP else safe for v in value]
-    return _json_safe_other(value)
-
-
-def _json_safe_other(value: Any) -> Any:
-    """Subclasses, other containers and non-JSON scalars."""
-    if isinstance(value, enum.Enum):
-        return json_safe(value.value)
-    for plain in (bool, int, str):  # subclasses (numpy's str_, ...) as the plain type
-        if isinstance(value, plain):
-            return plain(value)
-    if isinstance(value, float):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return json_safe(dict(value))
-    if isinstance(value, bytes | bytearray | memoryview):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return _DROP
-    if isinstance(value, list | tuple | set | frozenset):
-        return json_safe(list(value))
-    return _json_safe_object(value)
-
-
-def _json_safe_object(value: Any) -> Any:
-    """The less common scalar types: numpy, dates and times, decimals, uuids, paths."""
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal | uuid.UUID | PurePath):
-        return str(value)
-    module = type(value).__module__
-    if module == "numpy" or module.startswith("numpy."):
-        import numpy as np
-
-        if isinstance(value, np.datetime64 | np.timedelta64):
-            return str(value)
-        if isinstance(value, np.bytes_ | np.void):
-            return json_safe(bytes(value))
-        return json_safe(value.tolist())
-    return str(value)
-
-
-def answer_text(value: Any) -> str | None:
-    """An answer as the reward compares it: text as is, anything else as its JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
-
-
-class RowError(ValueError):
-    """What is wrong with one row (the caller adds where the row is)."""
-
-
-def _keys(value: Mapping[str, Any]) -> str:
-    return ", ".join(str(k) for k in value) or "none"
-
-
-def resolve(row: Mapping[str, Any], key: str) -> Any:
-    """The value at a dotted ``key`` (``reward_model.ground_truth``, ``prompt.0.content``).
-
-    A column whose own name contains dots is found first, so dotted names still work.
-    """
-    if key in row:
-        return row[key]
-    parts = key.split(".")
-    if len(parts) == 1:
-        raise RowError(f"no key '{key}' (row keys: {_keys(row)})")
-    value: Any = row
-    for depth, part in enumerate(parts):
-        parent = ".".join(parts[:depth])
-        if isinstance(value, Mapping):
-            if part not in value:
-                where = f"'{parent}' has no '{part}' (its keys" if parent else (
-                    f"the row has no '{part}' (row keys")
-                raise RowError(f"no key '{key}': {where}: {_keys(value)})")
-            value = value[part]
-        elif isinstance(value, list) and part.lstrip("-").isdigit():
-            if not -len(value) <= int(part) < len(value):
-                raise RowError(f"no key '{key}': '{parent}' has {len(value)} items, no "
-                               f"item {part}")
-            value = value[int(part)]
-        else:
-            kind = "null" if value is None else type(value).__name__
-            raise RowError(f"no key '{key}': '{parent}' is {kind}, not a mapping")
-    return value
-
-
-def check_prompt(prompt: Any, key: str) -> None:
-    """A prompt is non-empty text or a non-empty list of chat messages."""
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise RowError(f"the prompt '{key}' is empty")
-        return
-    if prompt is None or prompt == []:
-        raise RowError(f"the prompt '{key}' is empty")
-    if not isinstance(prompt, list):
-        raise RowError(f"the prompt '{key}' must be text or a list of chat messages, "
-                       f"not {type(prompt).__name__}")
-    for number, message in enumerate(prompt, 1):
-        if not isinstance(message, Mapping):
-            raise RowError(f"the prompt '{key}': message {number} is "
-                           f"{type(message).__name__}, not a mapping with role and content")
-        for part in ("role", "content"):
-            if part not in message:
-                raise RowError(f"the prompt '{key}': message {number} has no '{part}' "
-                               f"(message keys: {_keys(message)})")
-        if not isinstance(message["role"], str) or not message["role"]:
-            raise RowError(f"the prompt '{key}': message {number} has no role")
-
 
 # ---- reading -------------------------------------------------------------------------
 
@@ -248,7 +117,7 @@ class PromptEncoder(Protocol):
                       system_prompt: str | None = None) -> list[int]: ...
 
 
-class _Source(NamedTuple):
+class Source(NamedTuple):
     """One unit a reader opens: a file, or for ``hf_dataset`` a saved dataset or file set."""
 
     label: str  # how messages name it
@@ -256,7 +125,7 @@ class _Source(NamedTuple):
     split: str | None = None
 
 
-class _Raw(NamedTuple):
+class Raw(NamedTuple):
     """A row as read: 1-based row number in its source, the line for text files, and the
     decoded object (None for rows the caller asked to pass over undecoded)."""
 
@@ -265,12 +134,12 @@ class _Raw(NamedTuple):
     data: Any
 
 
-def _located(source: _Source, raw: _Raw) -> str:
+def _located(source: Source, raw: Raw) -> str:
     where = f"{source.label} row {raw.number}"
     return where if raw.line in (None, raw.number) else f"{where} (line {raw.line})"
 
 
-def _as_list(value: Any) -> list[str]:
+def as_list(value: Any) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -308,7 +177,7 @@ def expand(patterns: Iterable[str], key: str, suffixes: tuple[str, ...],
     return list(dict.fromkeys(found))
 
 
-def _batch_rows(batches: Iterable[Any], keep: Callable[[int], bool] | None) -> Iterator[Any]:
+def batch_rows(batches: Iterable[Any], keep: Callable[[int], bool] | None) -> Iterator[Any]:
     """Rows of arrow record batches (or tables); only rows ``keep`` accepts are decoded."""
     start = 0
     for batch in batches:
@@ -340,7 +209,7 @@ class FileTasks(TaskSource):
         super().__init__(config if config is not None else self.config_cls())
         self._encoder = prompt_encoder
         self._check_config()
-        self._sources_cache: dict[str, list[_Source]] = {}
+        self._sources_cache: dict[str, list[Source]] = {}
         self._held_cache: frozenset[int] | None = None
         self._eval_cache: list[Task] | None = None
         #: per file list: 0 unknown, _FITS or _TOO_LONG for each row index
@@ -359,11 +228,11 @@ class FileTasks(TaskSource):
     def _check_config(self) -> None:
         """Mistakes visible in the config alone, found before any file is opened."""
         cfg = self.config
-        if not _as_list(cfg.train_files):
+        if not as_list(cfg.train_files):
             raise ConfigError(f"{self._option()} needs task.train_files (paths or globs)")
         if cfg.eval_size < 0:
             raise ConfigError(f"task.eval_size={cfg.eval_size} must be 0 or more")
-        if cfg.eval_size and _as_list(cfg.eval_files):
+        if cfg.eval_size and as_list(cfg.eval_files):
             raise ConfigError("task.eval_size and task.eval_files are both set: give one")
         if not cfg.prompt_key:
             raise ConfigError("task.prompt_key is empty")
@@ -373,29 +242,29 @@ class FileTasks(TaskSource):
 
     def _eval_origin(self) -> bool:
         """Whether held-out rows come from their own files rather than the training rows."""
-        return bool(_as_list(self.config.eval_files))
+        return bool(as_list(self.config.eval_files))
 
     # -- reading, per format ----------------------------------------------------------
 
-    def _sources(self, origin: str) -> list[_Source]:
+    def _sources(self, origin: str) -> list[Source]:
         """The sources of the training (``origin="train"``) or eval files, resolved once."""
         if origin not in self._sources_cache:
             key = f"{origin}_files"
-            paths = expand(_as_list(getattr(self.config, key)), key, self.suffixes)
-            self._sources_cache[origin] = [_Source(p, (p,)) for p in paths]
+            paths = expand(as_list(getattr(self.config, key)), key, self.suffixes)
+            self._sources_cache[origin] = [Source(p, (p,)) for p in paths]
         return self._sources_cache[origin]
 
-    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+    def _read(self, source: Source, keep: Callable[[int], bool] | None) -> Iterator[Raw]:
         """Every row of ``source`` in order; rows ``keep`` rejects need not be decoded."""
         raise NotImplementedError
 
-    def _count(self, source: _Source) -> int:
+    def _count(self, source: Source) -> int:
         return sum(1 for _ in self._read(source, lambda _: False))
 
     # -- rows to tasks ------------------------------------------------------------------
 
     def _scan(self, origin: str, keep: Callable[[int], bool] | None = None
-              ) -> Iterator[tuple[int, _Source, _Raw]]:
+              ) -> Iterator[tuple[int, Source, Raw]]:
         """Rows of every source of ``origin`` with their index across the sources."""
         index = 0
         for source in self._sources(origin):
@@ -423,7 +292,7 @@ class FileTasks(TaskSource):
             task_type = "default" if value is None else str(answer_text(value))
         return row, prompt, answer, task_id, task_type
 
-    def _task(self, origin: str, split: str, index: int, source: _Source, raw: _Raw,
+    def _task(self, origin: str, split: str, index: int, source: Source, raw: Raw,
               fresh: bool) -> Task | str:
         """The row's task, or why it is skipped (``"invalid"``, ``"too_long"``)."""
         try:
@@ -468,7 +337,7 @@ class FileTasks(TaskSource):
         return len(self.encoder().encode_prompt(
             prompt, chat_template=cfg.apply_chat_template, system_prompt=cfg.system_prompt))
 
-    def _fits(self, origin: str, index: int, prompt: Any, source: _Source, raw: _Raw) -> bool:
+    def _fits(self, origin: str, index: int, prompt: Any, source: Source, raw: Raw) -> bool:
         """Whether the prompt is within ``max_prompt_tokens``; each row is measured once
         per source object, not once per epoch."""
         limit = self.config.max_prompt_tokens
@@ -575,7 +444,7 @@ class FileTasks(TaskSource):
                 raise ConfigError(f"{what}: no rows in {files}")
         self._held_out()
 
-    def _preflight_row(self, source: _Source, raw: _Raw) -> None:
+    def _preflight_row(self, source: Source, raw: Raw) -> None:
         try:
             _, prompt, *_ = self._parse(raw.data)
         except RowError as exc:
@@ -600,7 +469,7 @@ class JsonlTasks(FileTasks):
             return gzip.open(path, "rt", encoding="utf-8-sig")
         return open(path, encoding="utf-8-sig")
 
-    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
+    def _read(self, source: Source, keep: Callable[[int], bool] | None) -> Iterator[Raw]:
         path = source.paths[0]
         number = 0
         try:
@@ -610,9 +479,9 @@ class JsonlTasks(FileTasks):
                         continue
                     number += 1
                     if keep is not None and not keep(number - 1):
-                        yield _Raw(number, line_no, None)
+                        yield Raw(number, line_no, None)
                         continue
-                    yield _Raw(number, line_no, self._decode(line, source.label, line_no))
+                    yield Raw(number, line_no, self._decode(line, source.label, line_no))
         except (UnicodeDecodeError, OSError) as exc:
             raise ConfigError(f"{source.label} cannot be read as UTF-8 JSON lines: "
                               f"{exc}") from None
@@ -630,185 +499,3 @@ class JsonlTasks(FileTasks):
             raise ConfigError(f"{label} line {line_no}: expected a JSON object, got "
                               f"{type(data).__name__}")
         return data
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _need(module: str, option: str) -> Any:
-    """An optional dependency, or a one-line error naming the extra that installs it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        package = module.split(".")[0]
-        raise ConfigError(f"{option} needs {package}: {_DATA_EXTRA}") from None
-
-
-class ParquetTasks(FileTasks):
-    """``task=parquet``: parquet files, decoded one record batch at a time."""
-
-    config_cls = ParquetTaskConfig
-    suffixes = (".parquet", ".pq")
-
-    def _file(self, source: _Source) -> Any:
-        pq = _need("pyarrow.parquet", self._option())
-        try:
-            return pq.ParquetFile(source.paths[0])
-        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
-            raise ConfigError(f"{source.label} is not a readable parquet file: "
-                              f"{_first_line(exc)}") from None
-
-    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
-        handle = self._file(source)
-        try:
-            batches = handle.iter_batches(batch_size=_BATCH_ROWS)
-            for number, data in enumerate(_batch_rows(batches, keep), 1):
-                yield _Raw(number, None, data)
-        finally:
-            handle.close()
-
-    def _count(self, source: _Source) -> int:
-        handle = self._file(source)
-        try:
-            return int(handle.metadata.num_rows)
-        finally:
-            handle.close()
-
-
-class VerlTasks(ParquetTasks):
-    """``task=verl``: verl's parquet files, read with verl's keys."""
-
-    config_cls = VerlTaskConfig
-
-
-#: ``datasets.load_dataset`` builders by file suffix
-_HF_FORMATS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".parquet": "parquet",
-               ".csv": "csv", ".arrow": "arrow", ".txt": "text"}
-
-
-def _saved_dataset(path: str) -> bool:
-    """Whether ``path`` is a directory written by ``save_to_disk``."""
-    return os.path.isdir(path) and any(
-        os.path.isfile(os.path.join(path, name))
-        for name in ("dataset_dict.json", "state.json"))
-
-
-def _hf_format(path: str) -> str | None:
-    for suffix in sorted(_HF_FORMATS, key=len, reverse=True):
-        if path.endswith(suffix):
-            return _HF_FORMATS[suffix]
-    return None
-
-
-class HFDatasetTasks(FileTasks):
-    """``task=hf_dataset``: each ``save_to_disk`` directory is one source (``split`` of a
-    ``DatasetDict``); each other path or glob is one ``load_dataset`` over its files."""
-
-    config_cls = HFDatasetTaskConfig
-    suffixes = tuple(_HF_FORMATS)
-
-    def __init__(self, config: Any = None, *, prompt_encoder: PromptEncoder | None = None
-                 ) -> None:
-        super().__init__(config, prompt_encoder=prompt_encoder)
-        self._datasets: dict[_Source, Any] = {}
-
-    def _check_config(self) -> None:
-        super()._check_config()
-        cfg = self.config
-        if cfg.eval_split and cfg.eval_size:
-            raise ConfigError("task.eval_split and task.eval_size are both set: give one")
-
-    def _eval_origin(self) -> bool:
-        return super()._eval_origin() or bool(self.config.eval_split)
-
-    def _sources(self, origin: str) -> list[_Source]:
-        """Saved datasets (with the split to take) and file sets of one origin.
-
-        Eval rows come from ``eval_files`` when given, else from ``eval_split`` of the
-        training paths; a saved ``DatasetDict`` among ``eval_files`` gives ``eval_split``
-        when set, else ``split``.
-        """
-        if origin not in self._sources_cache:
-            cfg = self.config
-            from_eval_files = origin == "eval" and bool(_as_list(cfg.eval_files))
-            own_files = origin == "train" or from_eval_files  # else: eval_split of train_files
-            key = "eval_files" if from_eval_files else "train_files"
-            split = cfg.split if origin == "train" else cfg.eval_split or cfg.split
-            sources = []
-            for pattern in _as_list(getattr(cfg, key)):
-                paths = expand([pattern], key, self.suffixes, dirs=_saved_dataset)
-                sources += [_Source(p if own_files else f"{p} [{split}]", (p,), split)
-                            for p in paths if _saved_dataset(p)]
-                files = [p for p in paths if not _saved_dataset(p)]
-                if files and not own_files:
-                    raise ConfigError(f"task.eval_split needs save_to_disk directories in "
-                                      f"task.train_files; {pattern} holds data files")
-                if files:
-                    sources.append(_Source(pattern if len(files) > 1 else files[0],
-                                           tuple(files)))
-            self._sources_cache[origin] = sources
-        return self._sources_cache[origin]
-
-    def _dataset(self, source: _Source) -> Any:
-        """The source as a ``datasets.Dataset`` (memory-mapped; loaded once)."""
-        if source not in self._datasets:
-            self._datasets[source] = self._load(source)
-        return self._datasets[source]
-
-    def _load(self, source: _Source) -> Any:
-        datasets = _need("datasets", self._option())
-        if source.split is not None:
-            try:
-                loaded = datasets.load_from_disk(source.paths[0])
-            except Exception as exc:
-                raise ConfigError(f"{source.paths[0]} cannot be loaded with "
-                                  f"datasets.load_from_disk: {_first_line(exc)}") from None
-            return self._pick_split(loaded, source, datasets)
-        formats = {_hf_format(p) for p in source.paths}
-        if None in formats or len(formats) > 1:
-            raise ConfigError(f"{source.label}: data files must share one format (by suffix: "
-                              f"{', '.join(_HF_FORMATS)})")
-        try:
-            return datasets.load_dataset(formats.pop(), data_files=list(source.paths),
-                                         split="train")
-        except Exception as exc:
-            raise ConfigError(f"{source.label} cannot be loaded with datasets.load_dataset: "
-                              f"{_first_line(exc)}") from None
-
-    @staticmethod
-    def _pick_split(loaded: Any, source: _Source, datasets: Any) -> Any:
-        """The configured split of a saved ``DatasetDict`` (a saved ``Dataset`` is whole)."""
-        if not isinstance(loaded, datasets.DatasetDict):
-            return loaded
-        if source.split not in loaded:
-            raise ConfigError(f"{source.paths[0]} has no split '{source.split}' (splits: "
-                              f"{', '.join(loaded)})")
-        return loaded[source.split]
-
-    def _read(self, source: _Source, keep: Callable[[int], bool] | None) -> Iterator[_Raw]:
-        # arrow rows, not the dataset's Python format: images and audio stay undecoded
-        table = self._dataset(source).with_format("arrow")
-        batches = table.iter(batch_size=_BATCH_ROWS)
-        for number, data in enumerate(_batch_rows(batches, keep), 1):
-            yield _Raw(number, None, data)
-
-    def _count(self, source: _Source) -> int:
-        return len(self._dataset(source))
-
-
-__all__ = [
-    "FileTaskConfig",
-    "FileTasks",
-    "HFDatasetTaskConfig",
-    "HFDatasetTasks",
-    "JsonlTasks",
-    "ParquetTaskConfig",
-    "ParquetTasks",
-    "VerlTaskConfig",
-    "VerlTasks",
-    "json_safe",
-]
