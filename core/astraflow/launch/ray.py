@@ -38,13 +38,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from astraflow.errors import ConfigError
-from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
 from astraflow.launch.local import Child, LocalRun
+from astraflow.launch.ray_actor import WORK, RayProc, component_actor
 from astraflow.security import TOKEN_ENV
 
-#: how long a poll of an actor may take before the component is taken as still running
-#: (and asked again at the next look)
-_ANSWER_SECONDS = 0.2
 #: how long a copy of a file's new bytes may take before it waits for the next look
 _POLL_SECONDS = 5.0
 #: a component Ray has not placed after this many seconds is said to wait for room
@@ -59,12 +56,6 @@ def import_ray() -> Any:
     return ray
 
 
-#: in a component's command line: its working directory on the machine it was placed on
-WORK = "{work}"
-#: the most bytes one pull of a file copies from a component's machine
-_CHUNK = 16 << 20
-
-
 def work_root(run_dir: Path, configured: str | None) -> str:
     """Where components keep their files on the machines they run on: one directory per
     run (a restarted trainer finds its checkpoints there), ``{tmp}/astraflow/<run>``
@@ -72,141 +63,6 @@ def work_root(run_dir: Path, configured: str | None) -> str:
     key = hashlib.sha1(f"{socket.gethostname()}:{run_dir}".encode()).hexdigest()[:8]
     return os.path.join(configured or os.path.join(tempfile.gettempdir(), "astraflow"),
                         f"{run_dir.name}-{key}")
-
-
-def _component_actor(ray: Any) -> Any:
-    @ray.remote
-    class Component:
-        """Owns one component process on the machine Ray placed it on, in a working
-        directory of that machine; the launcher copies the files the run directory
-        needs (log, metrics, final weights) from it over Ray, so no machine needs the
-        driver's file system."""
-
-        def __init__(self, name: str, argv: list[str], env: dict[str, str], work: str,
-                     config: str) -> None:
-            import subprocess
-            import threading
-
-            self.stopping = False
-            self.work = os.path.join(work, name)
-            os.makedirs(self.work, exist_ok=True)
-            with open(os.path.join(self.work, "config.yaml"), "w") as fh:
-                fh.write(config)
-            self.ready = os.path.join(self.work, f"{name}.ready")
-            # the component ends with this actor (SIGTERM on its death, however it dies)
-            env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid()), READY_ENV: self.ready}
-            argv = [a.replace(WORK, self.work) for a in argv]
-            with open(os.path.join(self.work, f"{name}.log"), "ab") as fh:
-                self.proc = subprocess.Popen([sys.executable, "-m", "astraflow", *argv],
-                                             stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                             cwd=self.work, start_new_session=True)
-            threading.Thread(target=self._watch, daemon=True).start()
-
-        def _watch(self) -> None:
-            code = self.proc.wait()
-            if code != 0 and self.worked() and not self.stopping:
-                os._exit(1)  # Ray restarts this actor, and so the component
-
-        def worked(self) -> bool:
-            return os.path.exists(self.ready)
-
-        def poll(self) -> tuple[int | None, int, bool]:
-            return self.proc.poll(), self.proc.pid, self.worked()
-
-        def read(self, path: str, offset: int) -> tuple[bytes, int]:
-            """Up to ``_CHUNK`` bytes of a file under the working directory from
-            ``offset``, and the file's size (0 and b"" when it does not exist yet)."""
-            full = os.path.join(self.work, path)
-            try:
-                with open(full, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    fh.seek(min(offset, size))
-                    return fh.read(_CHUNK), size
-            except FileNotFoundError:
-                return b"", 0
-
-        def files(self, path: str) -> list[str]:
-            """Every file under a directory of the working directory, relative to it."""
-            top = os.path.join(self.work, path)
-            return sorted(os.path.relpath(os.path.join(d, f), self.work)
-                          for d, _, names in os.walk(top) for f in names)
-
-        def remove_work(self) -> None:
-            """After a run that ended well: its files (checkpoints, store, weights)."""
-            import shutil
-
-            shutil.rmtree(self.work, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the run's directory, once empty
-                os.rmdir(os.path.dirname(self.work))
-
-        def node_ip(self) -> str:
-            import ray
-
-            return ray.util.get_node_ip_address()
-
-        def terminate(self) -> None:
-            self.stopping = True
-            if self.proc.poll() is None:
-                self.proc.terminate()
-
-    return Component
-
-
-class RayProc:
-    """The face of a component's actor that the launcher supervises (as a Popen)."""
-
-    def __init__(self, ray: Any, actor: Any) -> None:
-        self.ray, self.actor = ray, actor
-        self.returncode: int | None = None
-        self.pid: int | None = None  # None until the actor first answers: not placed yet
-        self.restarted = 0  # times Ray restarted it, as seen by the launcher
-        self.gone: str | None = None  # why the actor is dead for good
-        self.worked = False  # the component got to work (its last start, as last seen)
-        self.spawned = time.time()
-        self.asked: Any = None  # the poll under way: an actor Ray has not placed yet
-        # cannot answer, and the launcher does not wait for it
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        ray = self.ray
-        if self.asked is None:
-            self.asked = self.actor.poll.remote()
-        ready, _ = ray.wait([self.asked], timeout=_ANSWER_SECONDS)
-        if not ready:
-            return None
-        answer, self.asked = self.asked, None
-        try:
-            code, pid, self.worked = ray.get(answer)
-        except ray.exceptions.ActorUnavailableError:
-            return None  # being restarted
-        except ray.exceptions.RayActorError as exc:
-            self.gone = str(exc).strip().splitlines()[0] if str(exc).strip() else "died"
-            self.returncode = -1
-            return self.returncode
-        if self.pid is not None and pid != self.pid:
-            self.restarted += 1
-        self.pid = pid
-        self.returncode = code
-        return code
-
-    def terminate(self) -> None:
-        with contextlib.suppress(Exception):  # already gone
-            self.actor.terminate.remote()
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = time.time() + (timeout if timeout is not None else 1e9)
-        while self.poll() is None:
-            if time.time() > deadline:
-                import subprocess
-
-                raise subprocess.TimeoutExpired("ray actor", timeout or 0)
-            time.sleep(0.2)
-        return int(self.returncode or 0)
-
-    def kill(self) -> None:
-        self.ray.kill(self.actor, no_restart=True)
-        self.returncode = self.returncode if self.returncode is not None else -9
 
 
 def _free_port(host: str) -> int:
@@ -281,7 +137,7 @@ class RayRun(LocalRun):
         self.ray = import_ray()
         self.pools = pool_settings(self.cfg)
         connect(self.ray, self.cfg)
-        self.actor_cls = _component_actor(self.ray)
+        self.actor_cls = component_actor(self.ray)
         self.work = work_root(self.run_dir, self.cfg.launcher.get("work_dir"))
         self.config_text = (self.run_dir / "config.yaml").read_text()
 
