@@ -9,19 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
+from astraflow.commands import COMMANDS, command
 from astraflow.errors import AstraFlowError
-
-COMMANDS: dict[str, Callable[[list[str]], int]] = {}
-
-
-def command(name: str):
-    def deco(fn: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
-        COMMANDS[name] = fn
-        return fn
-
-    return deco
 
 
 @command("plugins")

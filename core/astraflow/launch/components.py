@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from astraflow.cli import command
+from astraflow.commands import command
 from astraflow.components import load_config
 from astraflow.security import TOKEN_ENV
 from astraflow.trainer import distributed

@@ -38,7 +38,7 @@ from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
 from astraflow.rewards.base import Score, as_score
 from astraflow.types import Task, Trajectory
-from astraflow.workflows.agent_worker import ERROR_CHARS
+from astraflow.workflows.agent_worker import ERROR_CHARS, ClientConfig
 from astraflow.workflows.builder import TrajectoryBuilder
 
 if TYPE_CHECKING:
@@ -71,26 +71,6 @@ class AgentConfig:
     port: int = 0
     advertise_host: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
-
-
-@dataclass
-class ClientConfig:
-    """All an agent is told: where to send requests, its key and the model names.
-
-    ``AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)``.
-    """
-
-    base_url: str
-    api_key: str
-    model: str
-    models: list[str]
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-    def env(self) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
-                "ASTRAFLOW_MODEL": self.model, "ASTRAFLOW_MODELS": ",".join(self.models)}
 
 
 class AgentFailed(Exception):

@@ -22,12 +22,34 @@ import json
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 #: longest traceback kept with a failed rollout (here and in the node)
 ERROR_CHARS = 4000
 #: longest protocol line (a task with a long prompt and metadata)
 LINE_LIMIT = 64 * 1024 * 1024
+
+
+
+@dataclass
+class ClientConfig:
+    """All an agent is told: where to send requests, its key and the model names.
+
+    ``AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)``.
+    """
+
+    base_url: str
+    api_key: str
+    model: str
+    models: list[str]
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def env(self) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+                "ASTRAFLOW_MODEL": self.model, "ASTRAFLOW_MODELS": ",".join(self.models)}
 
 
 def _jsonable(result: Any) -> Any:
@@ -49,7 +71,6 @@ async def call(function: Any, task: Any, client: Any) -> Any:
 
 async def serve(function: Any, out: Any) -> None:
     from astraflow.types import Task
-    from astraflow.workflows.agent import ClientConfig
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=LINE_LIMIT)
