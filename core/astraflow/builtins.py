@@ -22,92 +22,75 @@ from astraflow.workflows.solve_testgen import SolveTestgenConfig
 from astraflow.workflows.solve_verify import SolveVerifyConfig
 from astraflow.workflows.tool_use import ToolUseConfig
 
+#: (name, implementation, config class, description) per group
+TRAJECTORY_FILTERS = [
+    ("dynamic_sampling", "astraflow.data_algorithms:DynamicSampling", DynamicSamplingConfig,
+     "Drop groups whose rewards are all equal."),
+]
+TASKS = [
+    ("arithmetic", "astraflow.tasks.arithmetic:ArithmeticTasks", ArithmeticConfig,
+     "Small-integer arithmetic with a held-out split."),
+    ("functions", "astraflow.tasks.functions:FunctionTasks", FunctionsConfig,
+     "Write f(x) from examples as Python; hidden tests (for reward=code)."),
+    ("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
+     "Rows of local JSON Lines files (task.train_files, task.eval_files)."),
+    ("parquet", "astraflow.tasks.columnar:ParquetTasks", ParquetTaskConfig,
+     "Rows of local Parquet files."),
+    ("hf_dataset", "astraflow.tasks.columnar:HFDatasetTasks", HFDatasetTaskConfig,
+     "A dataset saved with `datasets` (save_to_disk) or local data files."),
+    ("verl", "astraflow.tasks.columnar:VerlTasks", VerlTaskConfig,
+     "verl's parquet layout as it is (messages, reward_model.ground_truth)."),
+]
+REWARDS = [
+    ("exact_match", "astraflow.rewards.exact_match:ExactMatch", RewardConfig,
+     "1.0 when the completion equals the answer."),
+    ("math", "astraflow.rewards.math:MathReward", MathConfig,
+     "Final answer (\\boxed{}, ####, last number) equivalent to the answer."),
+    ("regex", "astraflow.rewards.regex:RegexReward", RegexConfig,
+     "The pattern's first group in the completion equals the answer."),
+    ("python", "astraflow.rewards.python:PythonReward", PythonRewardConfig,
+     "A function in your own file: reward.path=FILE reward.function=NAME."),
+    ("code", "astraflow.rewards.code:CodeReward", CodeRewardConfig,
+     "Runs the completion's Python against the task's test cases in a sandbox."),
+]
+WORKFLOWS = [
+    ("single_turn", "astraflow.workflows.single_turn:SingleTurnWorkflow", SingleTurnConfig,
+     "One prompt, one completion per sample."),
+    ("tool_use", "astraflow.workflows.tool_use:ToolUseWorkflow", ToolUseConfig,
+     "Multi-turn: the policy may call a calculator tool before answering."),
+    ("solve_verify", "astraflow.workflows.solve_verify:SolveVerifyWorkflow", SolveVerifyConfig,
+     "Two policies: a solver answers, a verifier judges, one retry."),
+    ("solve_select", "astraflow.workflows.solve_select:SolveSelectWorkflow", SolveSelectConfig,
+     "Two policies: a solver samples k candidates, a selector picks one."),
+    ("solve_testgen", "astraflow.workflows.solve_testgen:SolveTestgenWorkflow",
+     SolveTestgenConfig,
+     "Two policies: a tester writes test cases, the solver's code must pass them."),
+    ("agent", "astraflow.workflows.agent:AgentWorkflow", AgentConfig,
+     "Your own agent (agent.path=FILE or agent.command=CMD) through the node's "
+     "OpenAI-compatible endpoint."),
+]
+
+
+def _register_all(register, table) -> None:
+    for name, target, config_cls, description in table:
+        register(name, target, config_cls, description=description)
+
 
 @hookimpl
 def astraflow_register_trajectory_filters(register):
-    register(
-        "dynamic_sampling",
-        "astraflow.data_algorithms:DynamicSampling",
-        DynamicSamplingConfig,
-        description="Drop groups whose rewards are all equal.",
-    )
+    _register_all(register, TRAJECTORY_FILTERS)
 
 
 @hookimpl
 def astraflow_register_tasks(register):
-    register(
-        "arithmetic",
-        "astraflow.tasks.arithmetic:ArithmeticTasks",
-        ArithmeticConfig,
-        description="Small-integer arithmetic with a held-out split.",
-    )
-    register(
-        "functions",
-        "astraflow.tasks.functions:FunctionTasks",
-        FunctionsConfig,
-        description="Write f(x) from examples as Python; hidden tests (for reward=code).",
-    )
-    register("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
-             description="Rows of local JSON Lines files (task.train_files, task.eval_files).")
-    register("parquet", "astraflow.tasks.columnar:ParquetTasks", ParquetTaskConfig,
-             description="Rows of local Parquet files.")
-    register("hf_dataset", "astraflow.tasks.columnar:HFDatasetTasks", HFDatasetTaskConfig,
-             description="A dataset saved with `datasets` (save_to_disk) or local data files.")
-    register("verl", "astraflow.tasks.columnar:VerlTasks", VerlTaskConfig,
-             description="verl's parquet layout as it is (messages, reward_model.ground_truth).")
+    _register_all(register, TASKS)
 
 
 @hookimpl
 def astraflow_register_rewards(register):
-    register("exact_match", "astraflow.rewards.exact_match:ExactMatch", RewardConfig,
-             description="1.0 when the completion equals the answer.")
-    register("math", "astraflow.rewards.math:MathReward", MathConfig,
-             description="Final answer (\\boxed{}, ####, last number) equivalent to the answer.")
-    register("regex", "astraflow.rewards.regex:RegexReward", RegexConfig,
-             description="The pattern's first group in the completion equals the answer.")
-    register("python", "astraflow.rewards.python:PythonReward", PythonRewardConfig,
-             description="A function in your own file: reward.path=FILE reward.function=NAME.")
-    register("code", "astraflow.rewards.code:CodeReward", CodeRewardConfig,
-             description="Runs the completion's Python against the task's test cases in a sandbox.")
+    _register_all(register, REWARDS)
 
 
 @hookimpl
 def astraflow_register_workflows(register):
-    register(
-        "single_turn",
-        "astraflow.workflows.single_turn:SingleTurnWorkflow",
-        SingleTurnConfig,
-        description="One prompt, one completion per sample.",
-    )
-    register(
-        "tool_use",
-        "astraflow.workflows.tool_use:ToolUseWorkflow",
-        ToolUseConfig,
-        description="Multi-turn: the policy may call a calculator tool before answering.",
-    )
-    register(
-        "solve_verify",
-        "astraflow.workflows.solve_verify:SolveVerifyWorkflow",
-        SolveVerifyConfig,
-        description="Two policies: a solver answers, a verifier judges, one retry.",
-    )
-    register(
-        "solve_select",
-        "astraflow.workflows.solve_select:SolveSelectWorkflow",
-        SolveSelectConfig,
-        description="Two policies: a solver samples k candidates, a selector picks one.",
-    )
-    register(
-        "solve_testgen",
-        "astraflow.workflows.solve_testgen:SolveTestgenWorkflow",
-        SolveTestgenConfig,
-        description="Two policies: a tester writes test cases, the solver's code must "
-                    "pass them.",
-    )
-    register(
-        "agent",
-        "astraflow.workflows.agent:AgentWorkflow",
-        AgentConfig,
-        description="Your own agent (agent.path=FILE or agent.command=CMD) through the "
-                    "node's OpenAI-compatible endpoint.",
-    )
+    _register_all(register, WORKFLOWS)

@@ -105,12 +105,17 @@ class TrainerBackendContract:
     export_logprob_atol: float = 0.25
     #: the small step of the advantage-sign test (LoRA adapters start at zero and need more)
     sign_lr: float = 3e-5
+    #: settings over the backend's defaults (``backend_config``)
+    settings: dict[str, Any] = {}
 
     @pytest.fixture
     def backend_config(self) -> Any:
-        """The backend's default config, as the trainer runtime receives it."""
+        """The backend's default config with ``settings``, as the trainer runtime
+        receives it."""
         entry = get_registry().get("trainer_backend", self.backend_name)
-        return OmegaConf.structured(entry.config_cls) if entry.config_cls else None
+        if entry.config_cls is None:
+            return None
+        return OmegaConf.merge(OmegaConf.structured(entry.config_cls), self.settings)
 
     @pytest.fixture
     def make_backend(self, backend_config: Any, tiny_model_dir: str) -> MakeBackend:
@@ -266,6 +271,25 @@ class TrainerBackendContract:
         assert metrics == expected_metrics
         assert _same(resumed.export_weights(), original.export_weights())
         assert resumed.compute_logprobs(first) == original.compute_logprobs(first)
+
+
+def contract_suites(backend_name: str) -> tuple[type, ...]:
+    """The contract as every backend runs it: in float32; with M2PO and a KL reference,
+    accumulated over micro-batches of two sequences; and in bfloat16 (log-probs round,
+    checkpoints still resume bit-exactly). A backend's test module binds them to names
+    pytest collects::
+
+        TestMine, TestMineM2POMicroBatched, TestMineBfloat16 = contract_suites("mine")
+    """
+    variants = {
+        "": {},
+        "M2POMicroBatched": {"settings": {"loss": "m2po", "kl_coef": 0.05,
+                                          "micro_batch_size": 2}},
+        "Bfloat16": {"settings": {"dtype": "bfloat16"}, "logprob_atol": 0.15},
+    }
+    return tuple(type(f"Test{backend_name.title()}Trainer{suffix}", (TrainerBackendContract,),
+                      {"backend_name": backend_name, **attrs})
+                 for suffix, attrs in variants.items())
 
 
 def run_ranks(backend_name: str, model_dir: str, out: Path, settings: dict[str, Any],

@@ -1,34 +1,7 @@
-"""``trainer=megatron`` passes the shared trainer-backend contract on CPU (CPU mode)."""
+"""``trainer=megatron`` passes the shared trainer-backend contract on CPU (CPU mode), in
+float32, with M2PO and in bfloat16."""
 
-from typing import Any
+from astraflow.testing.trainer import contract_suites
 
-import pytest
-from astraflow_trainer_megatron import MegatronConfig
-from omegaconf import OmegaConf
-
-from astraflow.testing.trainer import TrainerBackendContract
-
-
-class TestMegatronTrainer(TrainerBackendContract):
-    backend_name = "megatron"
-
-
-class TestMegatronTrainerM2POMicroBatched(TrainerBackendContract):
-    """M2PO with a KL reference model, accumulated over micro-batches of two sequences."""
-
-    backend_name = "megatron"
-
-    @pytest.fixture
-    def backend_config(self) -> Any:
-        return OmegaConf.structured(MegatronConfig(loss="m2po", kl_coef=0.05, micro_batch_size=2))
-
-
-class TestMegatronTrainerBfloat16(TrainerBackendContract):
-    """bfloat16 Megatron parameters: log-probs round, checkpoints still resume bit-exactly."""
-
-    backend_name = "megatron"
-    logprob_atol = 0.15
-
-    @pytest.fixture
-    def backend_config(self) -> Any:
-        return OmegaConf.structured(MegatronConfig(dtype="bfloat16"))
+(TestMegatronTrainer, TestMegatronTrainerM2POMicroBatched,
+ TestMegatronTrainerBfloat16) = contract_suites("megatron")
