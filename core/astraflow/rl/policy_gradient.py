@@ -34,8 +34,10 @@ batch's ``trainer_version``), the engine/trainer mismatch with no staleness in i
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,6 +123,13 @@ class PolicyGradientBackend(TrainerBackend):
     dp_size: int = 1
     dp_group: Any = None
 
+    def __init__(self, config: Any, model_path: str) -> None:
+        super().__init__(config, model_path)
+        self.dtype = dtype_of(config.dtype, "dtype")
+        self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
+        if config.num_threads > 0:
+            torch.set_num_threads(config.num_threads)
+
     @classmethod
     def check_config(cls, config: Any) -> None:
         dtype_of(config.dtype, "dtype")
@@ -141,6 +150,27 @@ class PolicyGradientBackend(TrainerBackend):
         parallel_sizes(config)
         if getattr(config, "lora", None) is not None:
             check_lora(config.lora)
+
+    #: a checkpoint's description of itself (beside its tensors), and its layout's number
+    state_file = "trainer_state.json"
+    checkpoint_format = 1
+
+    def checkpoint_state(self, path: str) -> dict[str, Any]:
+        """The state file of a complete checkpoint in ``path`` of this backend's format
+        and dtype, or a clear error saying which of those it is not."""
+        src = Path(path)
+        state_path = src / self.state_file
+        if not state_path.exists():
+            raise FileNotFoundError(f"{src} holds no complete checkpoint "
+                                    f"({self.state_file} missing)")
+        state = json.loads(state_path.read_text())
+        if state.get("format") != self.checkpoint_format:
+            raise ValueError(f"{src}: checkpoint format {state.get('format')}, expected "
+                             f"{self.checkpoint_format}")
+        if state["dtype"] != self.config.dtype:
+            raise ValueError(f"{src} was saved with dtype={state['dtype']!r}, this trainer "
+                             f"has {self.config.dtype!r}")
+        return state
 
     def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
         """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""

@@ -36,11 +36,9 @@ from transformers import AutoModelForCausalLM
 
 from astraflow.lora import adapter_key, check_targets
 from astraflow.rl.options import lora_targets, parallel_sizes
-from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
+from astraflow.rl.policy_gradient import PolicyGradientBackend
 from astraflow.text import copy_tokenizer_files
 
-_STATE_FILE = "trainer_state.json"
-_FORMAT = 2
 MIXED_PRECISION = ("none", "bfloat16")
 
 
@@ -72,6 +70,8 @@ class HFTrainerBackend(PolicyGradientBackend):
     """PPO-clip / GRPO or M2PO over a ``transformers`` causal LM: on CPU or one device,
     or sharded with FSDP2 over the ranks of ``torchrun``."""
 
+    checkpoint_format = 2
+
     @classmethod
     def check_config(cls, config: Any) -> None:
         super().check_config(config)
@@ -92,11 +92,7 @@ class HFTrainerBackend(PolicyGradientBackend):
                              "a CUDA device, not trainer.device=cpu")
 
     def __init__(self, config: Any, model_path: str) -> None:
-        super().__init__(config, model_path)
-        self.dtype = dtype_of(config.dtype, "dtype")
-        self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
-        if config.num_threads > 0:
-            torch.set_num_threads(config.num_threads)
+        super().__init__(config, model_path)  # dtypes and torch threads
         self.sharded = dist.is_initialized() and dist.get_world_size() > 1
         if self.sharded:
             self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
@@ -255,29 +251,20 @@ class HFTrainerBackend(PolicyGradientBackend):
         groups = [{k: v for k, v in group.items() if k != "params"}
                   for group in optim_state["param_groups"]]
         state = {
-            "format": _FORMAT,
+            "format": self.checkpoint_format,
             "step": self.step,
             "dtype": self.config.dtype,
             "world_size": self.dp_size,
             "lora_rank": self.config.lora.rank if self.lora else 0,
             "param_groups": groups,
         }
-        (out / _STATE_FILE).write_text(json.dumps(state, indent=2))
+        (out / self.state_file).write_text(json.dumps(state, indent=2))
 
     def load_checkpoint(self, path: str) -> None:
         """What :meth:`save_checkpoint` wrote, at this trainer's world size whatever it
         was saved at."""
         src = Path(path)
-        state_path = src / _STATE_FILE
-        if not state_path.exists():
-            raise FileNotFoundError(f"{src} holds no complete checkpoint ({_STATE_FILE} missing)")
-        state = json.loads(state_path.read_text())
-        if state.get("format") != _FORMAT:
-            raise ValueError(f"{src}: checkpoint format {state.get('format')}, expected {_FORMAT}")
-        if state["dtype"] != self.config.dtype:
-            raise ValueError(
-                f"{src} was trained in {state['dtype']}, this trainer uses {self.config.dtype}"
-            )
+        state = self.checkpoint_state(path)
         rank = self.config.lora.rank if self.lora else 0
         if state.get("lora_rank", 0) != rank:
             raise ValueError(f"{src} holds a trainer with trainer.lora.rank="

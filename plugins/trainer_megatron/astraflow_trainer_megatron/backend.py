@@ -41,7 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from astraflow.rl.options import lora_rank
-from astraflow.rl.policy_gradient import PolicyGradientBackend, dtype_of
+from astraflow.rl.policy_gradient import PolicyGradientBackend
 from astraflow.text import copy_tokenizer_files
 
 with warnings.catch_warnings():
@@ -55,8 +55,6 @@ with warnings.catch_warnings():
 
     from astraflow_trainer_megatron import convert, parallel
 
-_STATE_FILE = "trainer_state.json"
-_FORMAT = 1
 
 
 def _build_model(
@@ -127,6 +125,8 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 class MegatronTrainerBackend(PolicyGradientBackend):
     """PPO-clip / GRPO or M2PO over Megatron-core's GPT, on CPU or CUDA GPUs."""
 
+    checkpoint_format = 1
+
     @classmethod
     def check_config(cls, config: Any) -> None:
         super().check_config(config)
@@ -137,11 +137,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                              "only; train LoRA adapters with trainer=hf (peft)")
 
     def __init__(self, config: Any, model_path: str) -> None:
-        super().__init__(config, model_path)
-        self.dtype = dtype_of(config.dtype, "dtype")
-        self.export_dtype = dtype_of(config.export_dtype, "export_dtype")
-        if config.num_threads > 0:
-            torch.set_num_threads(config.num_threads)
+        super().__init__(config, model_path)  # dtypes and torch threads
         self.arch = convert.Architecture.from_hf(model_path)
         if self.arch.num_layers % config.pipeline_model_parallel_size:
             raise ValueError(
@@ -422,28 +418,20 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                 for group in self.optimizer.state_dict()["param_groups"]
             ]
             state = {
-                "format": _FORMAT,
+                "format": self.checkpoint_format,
                 "step": self.step,
                 "dtype": self.config.dtype,
                 "tensor_model_parallel_size": _tp_size(),
                 "pipeline_model_parallel_size": _pp_size(),
                 "param_groups": groups,
             }
-            (out / _STATE_FILE).write_text(json.dumps(state, indent=2))
+            (out / self.state_file).write_text(json.dumps(state, indent=2))
 
     def load_checkpoint(self, path: str) -> None:
         """What :meth:`save_checkpoint` wrote, at whatever tensor-parallel size, pipeline
         stages and replicas it was saved with."""
         src = Path(path)
-        state_path = src / _STATE_FILE
-        if not state_path.exists():
-            raise FileNotFoundError(f"{src} holds no complete checkpoint ({_STATE_FILE} missing)")
-        state = json.loads(state_path.read_text())
-        if state.get("format") != _FORMAT:
-            raise ValueError(f"{src}: checkpoint format {state.get('format')}, expected {_FORMAT}")
-        if state["dtype"] != self.config.dtype:
-            raise ValueError(f"{src} was saved with dtype={state['dtype']!r}, this trainer "
-                             f"has {self.config.dtype!r}")
+        state = self.checkpoint_state(path)
         layout = (state["tensor_model_parallel_size"],
                   state.get("pipeline_model_parallel_size", 1))
         params = dict(self.model.named_parameters())
