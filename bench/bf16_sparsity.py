@@ -30,9 +30,9 @@ from astraflow.config import ModelConfig
 from astraflow.models.tiny import make_tiny_model
 from astraflow.rl.advantages import group_advantages
 from astraflow.tasks.arithmetic import ArithmeticTasks
-from astraflow.testing.trainer import with_behaviour_logprobs
+from astraflow.testing.trainer import prompt_completion, with_behaviour_logprobs
 from astraflow.text import TextTokenizer, load_tokenizer
-from astraflow.types import PROMPT, Batch, Span, Task, TrainItem, Trajectory
+from astraflow.types import Batch, Task, TrainItem
 
 RESULTS = Path(__file__).parent / "results" / "bf16_sparsity.json"
 
@@ -67,18 +67,7 @@ def rl_batch(
         completions = sample(backend.model, tokenizer, prompt, group, max_new=6)
         rewards = [float(tokenizer.decode(c).strip() == task.answer) for c in completions]
         for completion, advantage in zip(completions, group_advantages(rewards), strict=True):
-            n = len(prompt) + len(completion)
-            trajectory = Trajectory(
-                task_id=task.task_id,
-                group_id=task.task_id,
-                policy="policy",
-                tokens=prompt + completion,
-                logprobs=[0.0] * n,
-                loss_mask=[0] * len(prompt) + [1] * len(completion),
-                versions=[-1] * len(prompt) + [0] * len(completion),
-                spans=[Span(0, len(prompt), PROMPT), Span(len(prompt), n, "policy", 0)],
-                reward=0.0,
-            )
+            trajectory = prompt_completion(task.task_id, prompt, completion, 0.0)
             items.append(TrainItem(trajectory, advantage))
     return with_behaviour_logprobs(backend, Batch("bench", "policy", items))
 

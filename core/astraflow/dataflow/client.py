@@ -15,7 +15,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,6 +61,14 @@ def _retryable(status: int) -> bool:
     return status == 429 or status >= 500
 
 
+def _advance(steps: Generator[tuple[str, Any], Any, Any], reply: Any) -> tuple[str, Any]:
+    """The next step of :meth:`_Api._steps`, or ("done", result)."""
+    try:
+        return steps.send(reply)
+    except StopIteration as stop:
+        return "done", stop.value
+
+
 def _backoff(attempt: int) -> float:
     return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
 
@@ -84,6 +92,30 @@ class _Api:
 
     def _do(self, call: _Call) -> Any:
         raise NotImplementedError
+
+    def _steps(self, call: _Call) -> Generator[tuple[str, Any], Any, Any]:
+        """One call with its retries, for either client to drive (see :func:`_advance`):
+        yields ("send", call) and is sent the response or the transport error, yields
+        ("do", call) for a call to make first (re-registering a node the data layer
+        forgot) and ("sleep", seconds) between attempts; returns the parsed result."""
+        give_up = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            reply = yield "send", call
+            if isinstance(reply, httpx.Response):
+                if reply.status_code == 404 and call.recover is not None:
+                    yield "do", call.recover
+                    call.recover = None
+                    continue
+                if not _retryable(reply.status_code):
+                    if reply.status_code >= 400:
+                        raise self._error(reply)
+                    return call.parse(self._decode(reply))
+                reply = self._error(reply)
+            if time.monotonic() > give_up:
+                raise reply
+            yield "sleep", _backoff(attempt)
+            attempt += 1
 
     @staticmethod
     def _decode(resp: httpx.Response) -> Any:
@@ -252,29 +284,19 @@ class DataflowClient(_Api):
         self._http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout,
                                   transport=httpx.HTTPTransport(socket_options=SOCKET_OPTIONS))
 
+    def _send(self, call: _Call) -> httpx.Response | httpx.TransportError:
+        try:
+            return self._http.request(call.method, call.path, **self._timeout(call),
+                                      **self._content(call))
+        except httpx.TransportError as exc:
+            return exc
+
     def _do(self, call: _Call) -> Any:
-        give_up = time.monotonic() + self.retry_for
-        attempt = 0
-        while True:
-            try:
-                resp = self._http.request(call.method, call.path,
-                                          **self._timeout(call), **self._content(call))
-            except httpx.TransportError as exc:
-                error: Exception = exc
-            else:
-                if resp.status_code == 404 and call.recover is not None:
-                    self._do(call.recover)
-                    call.recover = None
-                    continue
-                if not _retryable(resp.status_code):
-                    if resp.status_code >= 400:
-                        raise self._error(resp)
-                    return call.parse(self._decode(resp))
-                error = self._error(resp)
-            if time.monotonic() > give_up:
-                raise error
-            time.sleep(_backoff(attempt))
-            attempt += 1
+        steps, reply = self._steps(call), None
+        actions = {"send": self._send, "do": self._do, "sleep": time.sleep}
+        while (step := _advance(steps, reply))[0] != "done":
+            reply = actions[step[0]](step[1])
+        return step[1]
 
     def close(self) -> None:
         self._http.close()
@@ -304,29 +326,19 @@ class AsyncDataflowClient(_Api):
                                     max_keepalive_connections=KEEPALIVE_CONNECTIONS)),
         )
 
+    async def _send(self, call: _Call) -> httpx.Response | httpx.TransportError:
+        try:
+            return await self._http.request(call.method, call.path, **self._timeout(call),
+                                            **self._content(call))
+        except httpx.TransportError as exc:
+            return exc
+
     async def _do(self, call: _Call) -> Any:
-        give_up = time.monotonic() + self.retry_for
-        attempt = 0
-        while True:
-            try:
-                resp = await self._http.request(call.method, call.path,
-                                                **self._timeout(call), **self._content(call))
-            except httpx.TransportError as exc:
-                error: Exception = exc
-            else:
-                if resp.status_code == 404 and call.recover is not None:
-                    await self._do(call.recover)
-                    call.recover = None
-                    continue
-                if not _retryable(resp.status_code):
-                    if resp.status_code >= 400:
-                        raise self._error(resp)
-                    return call.parse(self._decode(resp))
-                error = self._error(resp)
-            if time.monotonic() > give_up:
-                raise error
-            await asyncio.sleep(_backoff(attempt))
-            attempt += 1
+        steps, reply = self._steps(call), None
+        actions = {"send": self._send, "do": self._do, "sleep": asyncio.sleep}
+        while (step := _advance(steps, reply))[0] != "done":
+            reply = await actions[step[0]](step[1])
+        return step[1]
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -49,20 +49,21 @@ def arithmetic_batch(model_dir: str, advantages: Sequence[float], batch_id: str 
     for task, advantage in zip(ArithmeticTasks().eval_tasks(), advantages, strict=False):
         prompt = tokenizer.encode(task.prompt)
         answer = [*tokenizer.encode(task.answer or ""), tokenizer.eos_token_id]
-        n = len(prompt) + len(answer)
-        trajectory = Trajectory(
-            task_id=task.task_id,
-            group_id=task.task_id,
-            policy="policy",
-            tokens=prompt + answer,
-            logprobs=[0.0] * n,
-            loss_mask=[0] * len(prompt) + [1] * len(answer),
-            versions=[-1] * len(prompt) + [0] * len(answer),
-            spans=[Span(0, len(prompt), PROMPT), Span(len(prompt), n, "policy", 0)],
-            reward=float(advantage > 0),
-        )
+        trajectory = prompt_completion(task.task_id, prompt, answer, float(advantage > 0))
         items.append(TrainItem(trajectory, float(advantage)))
     return Batch(batch_id=batch_id, policy="policy", items=items)
+
+
+def prompt_completion(task_id: str, prompt: list[int], completion: list[int],
+                      reward: float, policy: str = "policy") -> Trajectory:
+    """One turn of ``policy`` at version 0: the prompt as context, the completion trained
+    (behaviour log-probs 0.0 until :func:`with_behaviour_logprobs`)."""
+    n = len(prompt) + len(completion)
+    return Trajectory(
+        task_id=task_id, group_id=task_id, policy=policy, tokens=prompt + completion,
+        logprobs=[0.0] * n, loss_mask=[0] * len(prompt) + [1] * len(completion),
+        versions=[-1] * len(prompt) + [0] * len(completion),
+        spans=[Span(0, len(prompt), PROMPT), Span(len(prompt), n, policy, 0)], reward=reward)
 
 
 def with_behaviour_logprobs(backend: TrainerBackend, batch: Batch) -> Batch:
