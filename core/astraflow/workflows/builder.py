@@ -7,6 +7,7 @@ from typing import Any
 
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.types import PROMPT, Generation, Span, Task, Trajectory
+from astraflow.workflows.latency import Latency
 
 
 class TrajectoryBuilder:
@@ -78,7 +79,22 @@ def without_stop(gen: Generation, stop_token_ids: list[int]) -> Generation:
     return Generation(ids[:keep], list(gen.logprobs[:keep]), gen.finish_reason, gen.version)
 
 
-class AttemptsWorkflow(Workflow):
+class EnvWorkflow(Workflow):
+    """A workflow that checks its config when built (``check_config``, which the launcher
+    also calls before anything starts) and waits on its environment as
+    ``workflow.latency`` says (``self.latency``)."""
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Raise ConfigError, in one line, for a setting this workflow cannot run with."""
+
+    def __init__(self, config: Any, tokenizer: Any, reward: Any) -> None:
+        super().__init__(config, tokenizer, reward)
+        self.check_config(config)
+        self.latency = Latency(config.latency)
+
+
+class AttemptsWorkflow(EnvWorkflow):
     """A workflow whose ``group_size`` attempts at a task run concurrently and
     independently: a subclass writes ``_attempt``, returning one attempt's trajectories
     (of every policy), all in the task's group."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.contracts import PolicyHandle
 from astraflow.types import Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
-from astraflow.workflows.latency import Latency, LatencyConfig
+from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder
+from astraflow.workflows.latency import LatencyConfig
 
 
 @dataclass
@@ -23,12 +23,8 @@ class SingleTurnConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
 
-class SingleTurnWorkflow(Workflow):
+class SingleTurnWorkflow(EnvWorkflow):
     roles = ("policy",)
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.latency = Latency(self.config.latency)
 
     async def _score(self, task: Task, token_ids: list[int]):
         await self.latency.wait()

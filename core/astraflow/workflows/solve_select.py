@@ -34,7 +34,7 @@ from astraflow.contracts import PolicyHandle
 from astraflow.errors import ConfigError
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
-from astraflow.workflows.latency import Latency, LatencyConfig
+from astraflow.workflows.latency import LatencyConfig
 
 PICK = "pick:"
 
@@ -64,11 +64,6 @@ def perturb(answer: str, rng: random.Random) -> str:
 
 class SolveSelectWorkflow(AttemptsWorkflow):
     roles = ("solver", "selector")
-
-    def __init__(self, config, tokenizer, reward) -> None:
-        super().__init__(config, tokenizer, reward)
-        self.check_config(config)
-        self.latency = Latency(config.latency)
 
     @classmethod
     def check_config(cls, config) -> None:

@@ -33,7 +33,7 @@ from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
-from astraflow.workflows.latency import Latency, LatencyConfig
+from astraflow.workflows.latency import LatencyConfig
 from astraflow.workflows.tools import sandbox_from
 
 TESTS = "\ntest:"
@@ -72,7 +72,6 @@ class SolveTestgenWorkflow(AttemptsWorkflow):
 
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
-        self.latency = Latency(config.latency)
         self._sandbox: Sandbox | None = None
 
     @property

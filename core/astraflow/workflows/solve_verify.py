@@ -37,11 +37,11 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.contracts import PolicyHandle
 from astraflow.errors import ConfigError
 from astraflow.types import Generation, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder, without_stop
-from astraflow.workflows.latency import Latency, LatencyConfig
+from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder, without_stop
+from astraflow.workflows.latency import LatencyConfig
 
 ACCEPT, REJECT = "y", "n"
 #: trajectory metadata: False keeps a trajectory out of held-out accuracy
@@ -71,13 +71,8 @@ class _Attempt:
     retry: Trajectory | None
 
 
-class SolveVerifyWorkflow(Workflow):
+class SolveVerifyWorkflow(EnvWorkflow):
     roles = ("solver", "verifier")
-
-    def __init__(self, config, tokenizer, reward) -> None:
-        super().__init__(config, tokenizer, reward)
-        self.check_config(config)
-        self.latency = Latency(config.latency)
 
     @classmethod
     def check_config(cls, config) -> None:
