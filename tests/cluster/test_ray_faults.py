@@ -8,15 +8,7 @@ import json
 import os
 import signal
 
-from launched_runs import (
-    assert_nothing_lost_or_counted_twice,
-    pids_of,
-    reaped,
-    restarts,
-    start_run,
-    train_records,
-    wait_for,
-)
+import launched_runs as runs
 
 STEPS = 20
 #: about two steps a second from the two nodes: the kills land mid-run
@@ -30,7 +22,7 @@ def _ppid(pid: int) -> int:
 
 def kill_actor_of(*needles: str) -> int:
     """SIGKILL the Ray actor process that owns the one component matching ``needles``."""
-    (component,) = pids_of(*needles)
+    (component,) = runs.pids_of(*needles)
     actor = _ppid(component)
     os.kill(actor, signal.SIGKILL)
     return actor
@@ -40,33 +32,34 @@ def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tm
                                                                      tiny_model_dir):
     run_dir = tmp_path / "faults"
     machines = tmp_path / "machines"  # where components work: not the run directory
-    launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
-                         f"launcher.address={cluster}", f"launcher.work_dir={machines}",
-                         "launcher.keep_work_dir=true",
-                         "launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
-                         "b: {nodes: 1, resources: {pool_b: 1}}}",
-                         f"steps={STEPS}", f"eval_every={STEPS}", *PACE)
+    launcher = runs.start_run(run_dir, tiny_model_dir, "launcher=ray",
+                              f"launcher.address={cluster}", f"launcher.work_dir={machines}",
+                              "launcher.keep_work_dir=true",
+                              "launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
+                              "b: {nodes: 1, resources: {pool_b: 1}}}",
+                              f"steps={STEPS}", f"eval_every={STEPS}", *PACE)
 
     def step() -> int:
-        recs = train_records(run_dir)
+        recs = runs.train_records(run_dir)
         return recs[-1]["step"] if recs else 0
 
-    with reaped(launcher):
-        wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
+    with runs.reaped(launcher):
+        runs.wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
         kill_actor_of(" raas ", str(machines), "--name a-0")
-        wait_for(lambda: len(restarts(run_dir)) >= 1, 120, "the node's restart", launcher)
-        wait_for(lambda: step() >= 5, 120, "trainer step 5", launcher)
-        killed_at = train_records(run_dir)[-1]["version"]
+        runs.wait_for(lambda: len(runs.restarts(run_dir)) >= 1, 120, "the node's restart", launcher)
+        runs.wait_for(lambda: step() >= 5, 120, "trainer step 5", launcher)
+        killed_at = runs.train_records(run_dir)[-1]["version"]
         kill_actor_of(" train ", str(machines))
-        wait_for(lambda: len(restarts(run_dir)) >= 2, 120, "the trainer's restart", launcher)
+        runs.wait_for(lambda: len(runs.restarts(run_dir)) >= 2, 120, "the trainer's restart",
+                      launcher)
         _out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
-    assert [r["component"] for r in restarts(run_dir)] == ["raas-a-0", "trainer-policy"]
+    assert [r["component"] for r in runs.restarts(run_dir)] == ["raas-a-0", "trainer-policy"]
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == STEPS
-    versions = [r["version"] for r in train_records(run_dir)]
+    versions = [r["version"] for r in runs.train_records(run_dir)]
     after = versions[versions.index(killed_at) + 1:]
     assert after and min(after) > killed_at and after == sorted(after)
     (store,) = machines.glob("*/dataflow/store")  # on the data layer's machine
-    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4, store=store)
+    ledger = runs.assert_nothing_lost_or_counted_twice(run_dir, group_size=4, store=store)
     assert ledger["consumed:policy"] >= (STEPS - 1) * 8

@@ -5,73 +5,64 @@ from __future__ import annotations
 
 import json
 
-from launched_runs import (
-    assert_nothing_lost_or_counted_twice,
-    kill,
-    pids_of,
-    reaped,
-    restarts,
-    start_run,
-    train_records,
-    wait_for,
-)
+import launched_runs as runs
 
 STEPS = 14
 
 
 def test_run_survives_sigkill_of_data_layer_node_and_trainer(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "faults"
-    launcher = start_run(run_dir, tiny_model_dir, f"steps={STEPS}", f"eval_every={STEPS}",
-                         "num_nodes=2")
+    launcher = runs.start_run(run_dir, tiny_model_dir, f"steps={STEPS}", f"eval_every={STEPS}",
+                              "num_nodes=2")
 
     def step() -> int:
-        recs = train_records(run_dir)
+        recs = runs.train_records(run_dir)
         return recs[-1]["step"] if recs else 0
 
     def restarted(n: int):
-        return lambda: len(restarts(run_dir)) >= n
+        return lambda: len(runs.restarts(run_dir)) >= n
 
-    with reaped(launcher):
-        wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
-        kill("dataflow", f"--store {run_dir}/store")
-        wait_for(restarted(1), 60, "the data layer's restart", launcher)
-        wait_for(lambda: step() >= 5, 120, "trainer step 5 after the data layer's restart",
-                 launcher)
-        kill(" raas ", f"--work-dir {run_dir} ", "--name node-0")
-        wait_for(restarted(2), 60, "the node's restart", launcher)
-        wait_for(lambda: step() >= 7, 120, "trainer step 7", launcher)
-        killed_at = train_records(run_dir)[-1]["version"]
-        kill(" train ", f"--work-dir {run_dir} ")
-        wait_for(restarted(3), 60, "the trainer's restart", launcher)
+    with runs.reaped(launcher):
+        runs.wait_for(lambda: step() >= 2, 240, "trainer step 2", launcher)
+        runs.kill("dataflow", f"--store {run_dir}/store")
+        runs.wait_for(restarted(1), 60, "the data layer's restart", launcher)
+        runs.wait_for(lambda: step() >= 5, 120, "trainer step 5 after the data layer's restart",
+                      launcher)
+        runs.kill(" raas ", f"--work-dir {run_dir} ", "--name node-0")
+        runs.wait_for(restarted(2), 60, "the node's restart", launcher)
+        runs.wait_for(lambda: step() >= 7, 120, "trainer step 7", launcher)
+        killed_at = runs.train_records(run_dir)[-1]["version"]
+        runs.kill(" train ", f"--work-dir {run_dir} ")
+        runs.wait_for(restarted(3), 60, "the trainer's restart", launcher)
         _out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
 
-    assert [r["component"] for r in restarts(run_dir)] == ["dataflow", "raas-0",
-                                                            "trainer-policy"]
-    assert all(r["exit_code"] == -9 for r in restarts(run_dir))
+    assert [r["component"] for r in runs.restarts(run_dir)] == ["dataflow", "raas-0",
+                                                                 "trainer-policy"]
+    assert all(r["exit_code"] == -9 for r in runs.restarts(run_dir))
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == STEPS
     # the killed trainer resumed from its checkpoint: its policy's version continued
-    versions = [r["version"] for r in train_records(run_dir)]
+    versions = [r["version"] for r in runs.train_records(run_dir)]
     after = versions[versions.index(killed_at) + 1:]
     assert after and min(after) > killed_at and after == sorted(after)
     assert summary["final_version"] >= STEPS
-    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
+    ledger = runs.assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
     assert ledger["consumed:policy"] >= (STEPS - 1) * 8
 
 
 def test_restarts_are_bounded_and_the_run_then_fails_naming_the_component(tmp_path,
                                                                           tiny_model_dir):
     run_dir = tmp_path / "bounded"
-    launcher = start_run(run_dir, tiny_model_dir, "steps=100000", "launcher.max_restarts=1")
-    with reaped(launcher):
+    launcher = runs.start_run(run_dir, tiny_model_dir, "steps=100000", "launcher.max_restarts=1")
+    with runs.reaped(launcher):
         for n in (1, 2):
-            wait_for(lambda: train_records(run_dir), 240, "a trainer step", launcher)
-            wait_for(lambda: pids_of(" raas ", f"--work-dir {run_dir} "), 60, "a node")
-            kill(" raas ", f"--work-dir {run_dir} ")
+            runs.wait_for(lambda: runs.train_records(run_dir), 240, "a trainer step", launcher)
+            runs.wait_for(lambda: runs.pids_of(" raas ", f"--work-dir {run_dir} "), 60, "a node")
+            runs.kill(" raas ", f"--work-dir {run_dir} ")
             if n == 1:
-                wait_for(lambda: restarts(run_dir), 60, "the node's restart", launcher)
+                runs.wait_for(lambda: runs.restarts(run_dir), 60, "the node's restart", launcher)
         _out, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 1
     assert "raas-0 exited with -9 after 1 restarts (launcher.max_restarts=1)" in err
-    assert not pids_of(f"--work-dir {run_dir} ")  # everything else was stopped
+    assert not runs.pids_of(f"--work-dir {run_dir} ")  # everything else was stopped

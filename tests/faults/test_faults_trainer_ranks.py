@@ -15,16 +15,8 @@ import os
 import signal
 from pathlib import Path
 
+import launched_runs as runs
 import pytest
-from launched_runs import (
-    assert_nothing_lost_or_counted_twice,
-    pids_of,
-    reaped,
-    restarts,
-    start_run,
-    train_records,
-    wait_for,
-)
 
 #: how closely a step of two ranks matches one process on the same batch: sums over
 #: tokens are split between ranks, so only float32 rounding differs
@@ -69,15 +61,15 @@ def test_a_two_rank_trainer_joins_a_run_and_steps_like_one_process(tmp_path, tin
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / layout
-    launcher = start_run(run_dir, tiny_model_dir, "steps=3", "eval_every=3",
-                         "record_batches=true", *LAYOUTS[layout])
-    with reaped(launcher):
+    launcher = runs.start_run(run_dir, tiny_model_dir, "steps=3", "eval_every=3",
+                              "record_batches=true", *LAYOUTS[layout])
+    with runs.reaped(launcher):
         _out, err = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, err[-3000:]
     log = (run_dir / "logs" / "trainer-policy.log").read_text()
     assert "trainer rank 1 of 2: following rank 0" in log
 
-    ranks = train_records(run_dir)[0]
+    ranks = runs.train_records(run_dir)[0]
     one = _one_process_step(run_dir, tiny_model_dir)
     for key in COMPARED:
         assert ranks[f"train/{key}"] == pytest.approx(one[key], rel=REL, abs=1e-7), key
@@ -96,7 +88,7 @@ def test_a_two_rank_trainer_joins_a_run_and_steps_like_one_process(tmp_path, tin
 
 def _rank_pid(run_dir: Path, rank: int) -> list[int]:
     found = []
-    for pid in pids_of(" train ", f"--work-dir {run_dir} "):
+    for pid in runs.pids_of(" train ", f"--work-dir {run_dir} "):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -110,28 +102,28 @@ def _rank_pid(run_dir: Path, rank: int) -> list[int]:
 def test_killing_one_rank_restarts_the_trainer_from_its_checkpoint(tmp_path, tiny_model_dir):
     steps = 10
     run_dir = tmp_path / "kill-rank"
-    launcher = start_run(run_dir, tiny_model_dir, f"steps={steps}", f"eval_every={steps}",
-                         "trainer.world_size=2", "trainer.collective_timeout=60")
+    launcher = runs.start_run(run_dir, tiny_model_dir, f"steps={steps}", f"eval_every={steps}",
+                              "trainer.world_size=2", "trainer.collective_timeout=60")
 
     def step() -> int:
-        recs = train_records(run_dir)
+        recs = runs.train_records(run_dir)
         return recs[-1]["step"] if recs else 0
 
-    with reaped(launcher):
-        wait_for(lambda: step() >= 3, 300, "trainer step 3", launcher)
-        (pid,) = wait_for(lambda: _rank_pid(run_dir, 1), 30, "rank 1's process")
-        killed_at = train_records(run_dir)[-1]["version"]
+    with runs.reaped(launcher):
+        runs.wait_for(lambda: step() >= 3, 300, "trainer step 3", launcher)
+        (pid,) = runs.wait_for(lambda: _rank_pid(run_dir, 1), 30, "rank 1's process")
+        killed_at = runs.train_records(run_dir)[-1]["version"]
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: restarts(run_dir), 120, "the trainer's restart", launcher)
+        runs.wait_for(lambda: runs.restarts(run_dir), 120, "the trainer's restart", launcher)
         _out, err = launcher.communicate(timeout=400)
     assert launcher.returncode == 0, err[-3000:]
 
-    assert [r["component"] for r in restarts(run_dir)] == ["trainer-policy"]
+    assert [r["component"] for r in runs.restarts(run_dir)] == ["trainer-policy"]
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == steps
     # resumed from its checkpoint: the versions go on from where it was killed
-    versions = [r["version"] for r in train_records(run_dir)]
+    versions = [r["version"] for r in runs.train_records(run_dir)]
     after = versions[versions.index(killed_at) + 1:]
     assert after and min(after) > killed_at and after == sorted(after)
-    ledger = assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
+    ledger = runs.assert_nothing_lost_or_counted_twice(run_dir, group_size=4)
     assert ledger["consumed:policy"] >= (steps - 1) * 8
