@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from astraflow.testing import wait_until
@@ -37,3 +40,14 @@ def make_trajectory(task_id: str, policy: str = "policy", reward: float = 0.0,
 
 def group(task_id: str, rewards: list[float], **kw: Any) -> list[Trajectory]:
     return [make_trajectory(task_id, reward=r, **kw) for r in rewards]
+
+
+def start_service(argv: list[str], url_file: Path) -> tuple[subprocess.Popen, str]:
+    """A data layer in a process of its own (``argv``, the token in its environment) and
+    its URL, once it wrote it to ``url_file``."""
+    url_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(argv, env={**os.environ, "ASTRAFLOW_TOKEN": TOKEN},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: url_file.exists() or proc.poll() is not None, 30, "the service's url")
+    assert proc.poll() is None, proc.stderr.read().decode()
+    return proc, url_file.read_text().strip()

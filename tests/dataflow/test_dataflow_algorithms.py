@@ -8,7 +8,6 @@ installed plugin and log every hook call they receive.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import algo_plugins
 import pytest
-from dataflow_helpers import TOKEN, group, wait_until
+from dataflow_helpers import TOKEN, group, start_service
 
 from astraflow.dataflow.client import DataflowClient
 from astraflow.dataflow.server import BackgroundServer
@@ -88,17 +87,8 @@ def test_more_than_one_batch_sampler_is_refused(tmp_path):
 
 
 def _start(settings: dict[str, Any], port: int) -> tuple[subprocess.Popen, str]:
-    url_file = Path(settings["store"]) / "url"
-    url_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, algo_plugins.__file__, json.dumps(settings), str(port)],
-        env={**os.environ, "ASTRAFLOW_TOKEN": TOKEN},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    wait_until(lambda: url_file.exists() or proc.poll() is not None, 30, "the service's url")
-    assert proc.poll() is None, proc.stderr.read().decode()
-    return proc, url_file.read_text().strip()
+    return start_service([sys.executable, algo_plugins.__file__, json.dumps(settings),
+                          str(port)], Path(settings["store"]) / "url")
 
 
 def _sources(leases: list[Any]) -> list[str]:

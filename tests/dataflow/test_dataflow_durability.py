@@ -3,14 +3,13 @@ lost, nothing is counted twice, and clients carry on by themselves."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from dataflow_helpers import TOKEN, group, wait_until
+from dataflow_helpers import TOKEN, group, start_service, wait_until
 
 from astraflow.dataflow.client import DataflowClient
 
@@ -18,20 +17,11 @@ GROUP = 4
 
 
 def _start(store: Path, port: int) -> tuple[subprocess.Popen, str]:
-    url_file = store / "url"
-    url_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(
+    return start_service(
         [sys.executable, "-m", "astraflow", "dataflow", "--host", "127.0.0.1",
          "--port", str(port), "--store", str(store), "--task", "arithmetic",
          "--group-size", str(GROUP), "--batch-size", "8", "--lease-seconds", "30",
-         "--policy", "policy=1000", "--buffer-capacity", "100000"],
-        env={**os.environ, "ASTRAFLOW_TOKEN": TOKEN},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    wait_until(lambda: url_file.exists() or proc.poll() is not None, 30, "the service's url")
-    assert proc.poll() is None, proc.stderr.read().decode()
-    return proc, url_file.read_text().strip()
+         "--policy", "policy=1000", "--buffer-capacity", "100000"], store / "url")
 
 
 def _producer(url: str, acknowledged: dict[str, set[str]], stop: threading.Event) -> None:

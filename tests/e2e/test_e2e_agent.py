@@ -27,15 +27,21 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in rows if r["kind"] == kind]
 
 
-@pytest.mark.slow
-def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path):
-    (tmp_path / "my_agent.py").write_text(CALCULATOR_AGENT)
+def smoke_agent_run(tmp_path: Path, source: str) -> list[dict]:
+    """A seconds-long run of the agent in ``source``: its train records, every step's
+    rewards computed (none failed)."""
+    (tmp_path / "agent.py").write_text(source)
     run_dir = tmp_path / "run"
-    launch_run(tmp_path, "workflow=agent", "agent.path=my_agent.py", *SMOKE,
-           f"run_dir={run_dir}")
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", *SMOKE, f"run_dir={run_dir}")
     assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")
     assert train and all(r["reward_failed"] == 0 for r in train)
+    return train
+
+
+@pytest.mark.slow
+def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path):
+    smoke_agent_run(tmp_path, CALCULATOR_AGENT)
 
 
 HANGING_AGENT = '''
@@ -106,13 +112,7 @@ AGENTS_SDK_AGENT = (EXAMPLES / "sdk_agent.py").read_text()
 @pytest.mark.slow
 def test_an_openai_agents_sdk_agent_runs_unchanged(tmp_path):
     pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install 'astraflow[agents]'")
-    (tmp_path / "sdk_agent.py").write_text(AGENTS_SDK_AGENT)
-    run_dir = tmp_path / "run"
-    launch_run(tmp_path, "workflow=agent", "agent.path=sdk_agent.py", *SMOKE,
-           f"run_dir={run_dir}")
-    assert run_summary(run_dir)["policy"]["steps"] == 3
-    train = records(run_dir, "train")
-    assert all(r["reward_failed"] == 0 for r in train)
+    train = smoke_agent_run(tmp_path, AGENTS_SDK_AGENT)
     assert sum(r["train/sequences"] for r in train) >= 3 * 8
 
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from astraflow.contracts import RolloutBackend
+from astraflow.raas.pausable import Pausable
 from astraflow.types import Generation, GenerationRequest
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -48,7 +49,7 @@ def tied_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-class HFRolloutBackend(RolloutBackend):
+class HFRolloutBackend(Pausable, RolloutBackend):
     supports_adapters = True
 
     def __init__(self, config: Any, model_path: str) -> None:
@@ -243,13 +244,6 @@ class HFRolloutBackend(RolloutBackend):
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
         self.model.eval()
         self._adapter_configs[name] = config
-
-    async def pause(self) -> None:
-        self._open.clear()
-        await self._idle.wait()
-
-    async def resume(self) -> None:
-        self._open.set()
 
     async def shutdown(self) -> None:
         if self._worker is not None:

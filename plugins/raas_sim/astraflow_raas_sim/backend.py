@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.contracts import RolloutBackend
+from astraflow.raas.pausable import Pausable
 from astraflow.types import Generation, GenerationRequest
 
 _CHUNK = 1 << 20
@@ -35,7 +36,7 @@ def weights_digest(directory: str | Path) -> bytes:
     return digest.digest()
 
 
-class SimRolloutBackend(RolloutBackend):
+class SimRolloutBackend(Pausable, RolloutBackend):
     """A simulator: its rewards carry no signal, its latency is the configured one."""
 
     def __init__(self, config: Any, model_path: str) -> None:
@@ -104,13 +105,6 @@ class SimRolloutBackend(RolloutBackend):
     async def load_weights(self, path: str, version: int) -> None:
         self._digest = await asyncio.to_thread(weights_digest, path)
         self.version = version
-
-    async def pause(self) -> None:
-        self._open.clear()
-        await self._idle.wait()
-
-    async def resume(self) -> None:
-        self._open.set()
 
     async def shutdown(self) -> None:
         self._open.clear()
