@@ -205,7 +205,7 @@ def main() -> None:
         [sys.executable, "-m", "astraflow", "dataflow", "--port", "0", "--store", str(store),
          "--task", "arithmetic", "--group-size", str(args.group_size),
          "--batch-size", str(args.batch), "--policy", "policy=1000000",
-         "--buffer-capacity", "10000000", "--lease-seconds", "600"],
+         "--buffer-capacity", "10000000", "--lease-seconds", "600", "--bench-echo"],
         env={**os.environ, "ASTRAFLOW_TOKEN": TOKEN},
     )
     try:

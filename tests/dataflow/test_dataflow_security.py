@@ -65,6 +65,22 @@ def test_every_route_needs_the_token(http):
             assert resp.json()["detail"]
 
 
+def test_every_post_route_answers_broken_json_with_a_4xx_saying_so(http):
+    spec = http.get("/openapi.json", headers=AUTH).json()
+    posts = [p.replace("{node_id}", "n1").replace("{batch_id}", "ab12")
+             for p, ops in spec["paths"].items() if "post" in ops]
+    assert "/v1/trajectories" in posts and len(posts) >= 8
+    # the benchmark's echo route takes any body: it is not mounted unless asked for
+    assert "/v1/echo" not in posts
+    assert http.post("/v1/echo", content=b"{", headers=AUTH).status_code == 404
+    for path in posts:
+        for body in (b"{not json", b'{"policy": ', b"\xff\xfe", b""):
+            resp = http.post(path, content=body,
+                             headers={**AUTH, "Content-Type": "application/json"})
+            assert 400 <= resp.status_code < 500, (path, body, resp.status_code, resp.text)
+            assert resp.json()["detail"], (path, body)
+
+
 def test_openapi_describes_the_typed_bodies(http):
     spec = http.get("/openapi.json", headers=AUTH).json()
     body = spec["paths"]["/v1/trajectories"]["post"]["requestBody"]["content"]

@@ -234,14 +234,16 @@ def create_app(settings: DataflowSettings, token: str,
         """Prometheus text exposition."""
         return PlainTextResponse(service.metrics(), media_type="text/plain; version=0.0.4")
 
-    @r.post("/v1/echo")
-    async def echo(request: Request) -> Response:
-        """Read the body and answer its size: the stack's ceiling, for benchmarks.
+    if settings.bench_echo:  # a benchmark's surface only: it validates nothing
 
-        It answers the way every route does (``_reply``), so the ceiling carries the
-        same per-request cost as a submission minus decoding, checking and storing.
-        """
-        return _reply(request, {"bytes": len(await request.body())})
+        @r.post("/v1/echo")
+        async def echo(request: Request) -> Response:
+            """Read the body and answer its size: the stack's ceiling, for benchmarks.
+
+            It answers the way every route does (``_reply``), so the ceiling carries the
+            same per-request cost as a submission minus decoding, checking and storing.
+            """
+            return _reply(request, {"bytes": len(await request.body())})
 
     @r.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:

@@ -39,6 +39,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--buffer-capacity", type=int)
     parser.add_argument("--heartbeat-timeout", type=float)
     parser.add_argument("--max-body-bytes", type=int)
+    parser.add_argument("--bench-echo", action="store_true", default=None,
+                        help="mount POST /v1/echo, the ceiling bench/dataflow.py measures "
+                        "against (never in a run: it validates nothing)")
     args = parser.parse_args(argv)
 
     if args.config:
@@ -55,6 +58,7 @@ def main(argv: list[str]) -> int:
         "buffer_capacity": args.buffer_capacity,
         "heartbeat_timeout": args.heartbeat_timeout,
         "max_body_bytes": args.max_body_bytes,
+        "bench_echo": args.bench_echo,
         "policies": dict(args.policy) if args.policy else None,
         "task": {"name": args.task} if args.task else None,
     }

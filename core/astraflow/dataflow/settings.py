@@ -42,6 +42,9 @@ class DataflowSettings:
     autoscale_window: float = 60.0
     #: SQLite ``synchronous``: NORMAL survives a killed process; FULL also a power cut
     synchronous: str = "NORMAL"
+    #: mount ``POST /v1/echo`` (answers any body with its size: the ceiling
+    #: ``bench/dataflow.py`` measures ingest against); never in a run
+    bench_echo: bool = False
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
