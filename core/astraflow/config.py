@@ -18,7 +18,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from astraflow.errors import ConfigError, UnknownOptionError
-from astraflow.plugins import GROUP_KINDS, Registry, get_registry, missing_option_message
+from astraflow.plugins import (
+    GROUP_KINDS,
+    MULTI_GROUPS,
+    Registry,
+    get_registry,
+    missing_option_message,
+)
 
 #: groups whose default is added when the command line names none
 DEFAULT_OPTIONS: dict[str, str] = {
@@ -27,10 +33,12 @@ DEFAULT_OPTIONS: dict[str, str] = {
     "workflow": "single_turn",
     "task": "arithmetic",
     "reward": "exact_match",
+    "logger": "tensorboard",
     "launcher": "local",
 }
 #: every config group (conf/ folders and plugin-provided groups)
-GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "launcher", "experiment")
+GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "logger", "launcher",
+          "experiment")
 
 
 @dataclass
@@ -56,6 +64,8 @@ class ModelConfig:
 
 @dataclass
 class DataflowConfig:
+    """Where the data layer listens, and how it leases tasks and buffers trajectories."""
+
     host: str = "127.0.0.1"
     port: int = 0  # 0 picks a free port
     store: str | None = None  # default: <run_dir>/store
@@ -104,6 +114,7 @@ class AstraFlowConfig:
     reward: Any = None
     launcher: Any = None
     data: dict[str, Any] = field(default_factory=dict)
+    logger: dict[str, Any] = field(default_factory=dict)
 
 
 def register_configs(registry: Registry) -> None:
@@ -115,7 +126,7 @@ def register_configs(registry: Registry) -> None:
             for name, entry in registry.entries[kind].items():
                 node = OmegaConf.structured(entry.config_cls) if entry.config_cls else {}
                 node = OmegaConf.merge(node, {"name": name}) if "name" in node else node
-                package = f"{group}.{name}" if group == "data" else group
+                package = f"{group}.{name}" if group in MULTI_GROUPS else group
                 cs.store(
                     group=group, name=name, node=node, package=package, provider=entry.distribution
                 )
@@ -191,13 +202,13 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
         if node is None:
             continue
         options = registry.group_options(group)
-        chosen = node.items() if group == "data" else [(node.get("name"), node)]
+        chosen = node.items() if group in MULTI_GROUPS else [(node.get("name"), node)]
         for name, sub in chosen:
             entry = options.get(name)
             if entry is None:
                 raise ConfigError(missing_option_message(registry, kinds[0], str(name)))
             if entry.config_cls is not None:
-                prefix = f"{group}.{name}." if group == "data" else f"{group}."
+                prefix = f"{group}.{name}." if group in MULTI_GROUPS else f"{group}."
                 unknown += _unknown_keys(sub, entry.config_cls, prefix)
     if unknown:
         raise ConfigError(f"unknown config keys: {', '.join(unknown)}")

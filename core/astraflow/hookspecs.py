@@ -98,3 +98,14 @@ def astraflow_register_rewards(register):
     ``config_cls`` should extend :class:`astraflow.rewards.base.RewardConfig` so that
     ``reward.timeout`` and ``reward.max_failure_fraction`` apply to it.
     """
+
+
+@hookspec
+def astraflow_register_loggers(register):
+    """Register metric loggers (config group ``logger``; several may be selected:
+    ``logger=[tensorboard,wandb]``).
+
+    A logger receives a run's metric records while it runs and sends them where users
+    look (TensorBoard files, Weights & Biases, MLflow, ...).
+    Contract: :class:`astraflow.contracts.MetricLogger`.
+    """

@@ -47,7 +47,11 @@ KINDS: dict[str, tuple[str, str | None, str]] = {
     "workflow": ("astraflow_register_workflows", "workflow", "astraflow-plugin-"),
     "task": ("astraflow_register_tasks", "task", "astraflow-plugin-"),
     "reward": ("astraflow_register_rewards", "reward", "astraflow-plugin-"),
+    "logger": ("astraflow_register_loggers", "logger", "astraflow-plugin-logger-"),
 }
+#: groups of which a run may select several options (``data=[greso,replay]``): each
+#: selected option's settings sit under ``GROUP.NAME``
+MULTI_GROUPS = ("data", "logger")
 #: config group -> kinds that provide its options
 GROUP_KINDS: dict[str, list[str]] = {}
 for _kind, (_hook, _group, _pip) in KINDS.items():

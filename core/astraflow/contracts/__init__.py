@@ -1,6 +1,7 @@
 """The behaviour contracts every plugin implements (ABCs)."""
 
 from astraflow.contracts.data import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
+from astraflow.contracts.logger import MetricLogger
 from astraflow.contracts.rollout import RolloutBackend
 from astraflow.contracts.trainer import TrainerBackend
 from astraflow.contracts.workflow import PolicyHandle, Reward, TaskSource, Tokenizer, Workflow
@@ -8,6 +9,7 @@ from astraflow.contracts.workflow import PolicyHandle, Reward, TaskSource, Token
 __all__ = [
     "BatchSampler",
     "DataAlgorithm",
+    "MetricLogger",
     "PolicyHandle",
     "Reward",
     "RolloutBackend",

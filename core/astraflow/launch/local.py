@@ -24,6 +24,7 @@ from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
 from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
 from astraflow.launch.report import write_report
+from astraflow.loggers.base import Loggers, check_loggers
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token
 
@@ -328,6 +329,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     preflight.resolve_paths(cfg)
     preflight.check_reward(cfg)
     preflight.check_workflow(cfg)
+    check_loggers(cfg)
     if cfg.model.path is not None and "tokenizer" in cfg.task and not cfg.task.tokenizer:
         cfg.task.tokenizer = cfg.model.path  # the task source counts prompt tokens with it
     source = preflight.task_source(cfg)
@@ -392,6 +394,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
     _stop_on_sigterm()
+    loggers = Loggers(cfg, run_dir)
     try:
         job.start_dataflow()
         job.start_components()
@@ -408,6 +411,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
                 status = job.status()
                 rewards.check(status)
                 progress.update(status)
+                loggers.update()
                 time.sleep(0.5)
             progress.update(job.status())
         final_status = job.status()
@@ -419,13 +423,16 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         job.stop()
+        loggers.close()
         return 130
     except (RuntimeError, TimeoutError) as exc:
         print(f"astraflow: error: {exc}", file=sys.stderr)
         job.stop()
+        loggers.close()
         return 1
     job.stop([n for n in job.children if n.startswith("raas-")])
     job.stop()
+    loggers.close()
     summary = write_report(cfg, run_dir, final_status, time.time() - started, started)
     print(json.dumps(summary, indent=2))
     return 0

@@ -1,5 +1,5 @@
-"""What a finished run leaves behind: metrics.jsonl, TensorBoard events, a plot and
-summary.json."""
+"""What a finished run leaves behind: metrics.jsonl, a plot and summary.json (the
+loggers, TensorBoard by default, wrote their files while it ran)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
     train, evals = by_policy(records, "train"), by_policy(records, "eval")
-    _tensorboard(run_dir, train, evals)
     _plot(run_dir, train, evals)
     counts = status.get("policies", {})
     summary: dict[str, Any] = {"run_dir": str(run_dir), "wall_seconds": wall_seconds,
@@ -58,23 +57,6 @@ def _wait_fraction(train: list[dict[str, Any]]) -> float | None:
     wait = sum(r.get("wait_seconds", 0.0) for r in train)
     busy = sum(r.get("step_seconds", 0.0) for r in train)
     return round(wait / (wait + busy), 4) if wait + busy > 0 else None
-
-
-def _tensorboard(run_dir: Path, train: dict, evals: dict) -> None:
-    from tensorboardX import SummaryWriter
-
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
-    for policy, recs in train.items():
-        for rec in recs:
-            for key, value in rec.items():
-                if isinstance(value, int | float) and key not in ("step", "time"):
-                    writer.add_scalar(f"{policy}/train/{key}", value, rec["step"])
-    for policy, recs in evals.items():
-        for rec in recs:
-            writer.add_scalar(f"{policy}/eval/accuracy", rec["eval_accuracy"], rec["version"])
-            writer.add_scalar(f"{policy}/eval/greedy_accuracy", rec["eval_greedy_accuracy"],
-                              rec["version"])
-    writer.close()
 
 
 def _plot(run_dir: Path, train: dict, evals: dict) -> None:

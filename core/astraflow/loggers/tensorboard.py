@@ -1,0 +1,41 @@
+"""``logger=tensorboard`` (the default): TensorBoard event files in the run directory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from astraflow.contracts import MetricLogger
+from astraflow.loggers.base import scalars
+
+
+@dataclass
+class TensorBoardConfig:
+    """Event files for ``tensorboard --logdir RUN_DIR/tensorboard``."""
+
+    #: relative to the run directory, or absolute
+    dir: str = "tensorboard"
+    #: seconds between flushes to disk
+    flush_seconds: float = 10.0
+
+
+class TensorBoardLogger(MetricLogger):
+    def __init__(self, config: Any, run_dir: str, run_config: dict[str, Any]) -> None:
+        super().__init__(config, run_dir, run_config)
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(run_dir, config.dir),
+                                    flush_secs=int(max(1, config.flush_seconds)))
+
+    def log(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            point = scalars(record)
+            if point is None:
+                continue
+            step, values = point
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step, walltime=record.get("time"))
+
+    def close(self) -> None:
+        self.writer.close()
