@@ -125,7 +125,8 @@ def _help(argv: list[str]) -> int:
 
 def _load_subcommands() -> None:
     """Modules that register further subcommands (imported lazily: cheap)."""
-    import astraflow.launch.components  # noqa: F401
+    import astraflow.launch.components
+    import astraflow.newplugin  # noqa: F401
 
 
 @command("dataflow")
