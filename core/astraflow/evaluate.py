@@ -37,6 +37,8 @@ class Evaluator:
         self.cfg, self.policy = cfg, policy
         self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
         self.client = DataflowClient(url, token)
+        #: scores for the dashboard: a data layer away for long is not waited for
+        self.reporter = DataflowClient(url, token, timeout=5.0, retry_for=10.0)
         self.metrics_path = Path(metrics_path)
 
     async def evaluate(self, backends, workflow, roles, tasks) -> dict[str, float]:
@@ -120,11 +122,17 @@ class Evaluator:
             for engine in engines:
                 await engine.shutdown()
             self.client.close()
+            self.reporter.close()
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:
         record = {"kind": "eval", "policy": self.policy, "version": version, **accuracies,
                   "time": time.time()}
         log.info("eval %s v%d: %s", self.policy, version, accuracies)
+        try:  # the dashboard's curve; the metric stream below is the record
+            self.reporter.report_eval(self.policy, version, accuracies)
+        except Exception as exc:
+            log.warning("could not report eval %s v%d to the data layer: %s", self.policy,
+                        version, exc)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")

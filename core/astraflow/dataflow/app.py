@@ -21,6 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
+from astraflow.dataflow.dashboard import dashboard_router
 from astraflow.dataflow.records import BatchRec, ServiceError
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
@@ -30,6 +31,7 @@ from astraflow.dataflow.wire import (
     REQUEST_MODELS,
     AckIn,
     BatchIn,
+    EvalIn,
     LeaseIn,
     PayloadError,
     RegisterIn,
@@ -199,7 +201,13 @@ def create_app(settings: DataflowSettings, token: str,
         """Acknowledge a batch after the train step; reports the step's wait and duration."""
         req = await _read(request, AckIn)
         return _reply(request, await service.ack_batch(batch_id, req.wait_seconds,
-                                                       req.step_seconds))
+                                                       req.step_seconds, req.metrics))
+
+    @r.post("/v1/evals", openapi_extra=_body_doc(EvalIn))
+    async def evals(request: Request) -> Response:
+        """An evaluator's held-out scores of a policy version (the dashboard draws them)."""
+        req = await _read(request, EvalIn)
+        return _reply(request, service.evaluated(req.policy, req.version, req.metrics))
 
     @r.post("/v1/versions", openapi_extra=_body_doc(VersionIn))
     async def announce(request: Request) -> Response:
@@ -250,6 +258,7 @@ def create_app(settings: DataflowSettings, token: str,
         return JSONResponse(app.openapi())
 
     app.include_router(r)
+    app.include_router(dashboard_router(service, token))
     weights = _weights_router(settings, service, check_token)
     if weights is not None:
         app.include_router(weights)

@@ -139,9 +139,10 @@ class BatchesMixin:
             raise
         return rec, payloads
 
-    async def ack_batch(self, batch_id: str, wait_seconds: float, step_seconds: float
-                        ) -> dict[str, Any]:
-        """The trainer finished its step on ``batch_id``: its items are consumed."""
+    async def ack_batch(self, batch_id: str, wait_seconds: float, step_seconds: float,
+                        metrics: dict[str, float] | None = None) -> dict[str, Any]:
+        """The trainer finished its step on ``batch_id``: its items are consumed.
+        ``metrics`` (the step's reward_mean, loss...) go to the dashboard's series."""
         rec = self.batches.get(batch_id)
         if rec is None:
             if batch_id in self.acked:
@@ -184,5 +185,8 @@ class BatchesMixin:
         self.counters.update(deltas)
         self.autoscale.step(wait_seconds, step_seconds, len(rec.items))
         self.pacing.acked(policy, wait_seconds, step_seconds)
+        self.timeline.stepped(policy, wait_seconds, step_seconds,
+                              [rec.trainer_version - item.min_version for item in trained],
+                              metrics or {})
         self._pulse_changed()
         return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}

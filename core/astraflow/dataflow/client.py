@@ -69,6 +69,14 @@ def _advance(steps: Generator[tuple[str, Any], Any, Any], reply: Any) -> tuple[s
         return "done", stop.value
 
 
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (JSON and the data layer take no NaN)."""
+    import math
+
+    return {str(k): float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
 def _backoff(attempt: int) -> float:
     return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
 
@@ -248,10 +256,18 @@ class _Api:
                               parse=lambda d: None if d is None else batch_from_wire(d)))
 
     def ack_batch(self, batch_id: str, wait_seconds: float = 0.0,
-                  step_seconds: float = 0.0) -> Any:
-        """Acknowledge after the train step; ``step_seconds`` includes ``wait_seconds``."""
-        body = {"wait_seconds": wait_seconds, "step_seconds": step_seconds}
+                  step_seconds: float = 0.0, metrics: dict[str, float] | None = None) -> Any:
+        """Acknowledge after the train step; ``step_seconds`` includes ``wait_seconds``;
+        ``metrics``: the step's numbers for the dashboard (finite ones are sent)."""
+        body: dict[str, Any] = {"wait_seconds": wait_seconds, "step_seconds": step_seconds}
+        if metrics:
+            body["metrics"] = _finite(metrics)
         return self._do(_Call("POST", f"/v1/batches/{batch_id}/ack", body))
+
+    def report_eval(self, policy: str, version: int, metrics: dict[str, float]) -> Any:
+        """Held-out scores of ``policy`` at ``version``, for the dashboard."""
+        return self._do(_Call("POST", "/v1/evals", {"policy": policy, "version": version,
+                                                    "metrics": _finite(metrics)}))
 
     def announce_version(self, policy: str, version: int) -> Any:
         return self._do(_Call("POST", "/v1/versions", {"policy": policy, "version": version}))

@@ -213,6 +213,7 @@ class IntakeMixin:
             self.autoscale.produce(pool, accepted)
         if node_id in self.nodes:
             self.pacing.accepted(rec.task_id, node_id)
+            self.timeline.accept(node_id, accepted)
         for policy in {i.policy for i in items}:
             self._pulse_arrival(policy)
         return {

@@ -183,6 +183,8 @@ class LeasingMixin:
     async def lease(self, req: LeaseIn) -> dict[str, Any]:
         node = self._active(req.node_id)
         node.last_seen = time.monotonic()
+        if req.versions:
+            self.timeline.lease(node.node_id, req.versions)
         give_up = time.monotonic() + req.wait
         cursor_was, skipped_was = (self.epoch, self.index), self.counters["tasks_skipped"]
         while True:

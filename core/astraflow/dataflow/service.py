@@ -39,6 +39,7 @@ from astraflow.dataflow.records import (
 )
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import FRESH, SERVED, Store, add_counters
+from astraflow.dataflow.timeline import Timeline
 from astraflow.dataflow.versions import VersionsMixin
 from astraflow.errors import ConfigError
 from astraflow.plugins import Registry, get_registry, missing_option_message, typed_config
@@ -107,10 +108,14 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         self.reward_errors: dict[str, str] = {}
         self.autoscale = AutoscaleWindow(settings.autoscale_window)
         self.pacing = Pacing()
+        #: the dashboard's series (steps, staleness, evaluations, refreshes)
+        self.timeline = Timeline()
         #: per policy, how often admission control issued nothing, by reason
         self.refusals: dict[str, Counter] = {p: Counter() for p in self.policies}
         self.started_at = time.time()
         self._load()
+        for policy, version in self.versions.items():
+            self.timeline.publish(policy, version)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._arrival: dict[str, asyncio.Event] = {}
         #: set when the server stops: long polls end at once

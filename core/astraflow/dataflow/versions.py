@@ -67,6 +67,7 @@ class VersionsMixin:
         if version == current:
             return {"policy": policy, "version": version, "dropped_stale": 0}
         self.versions[policy] = version
+        self.timeline.publish(policy, version)
         for algo in self.algorithms.values():
             algo.on_new_version(policy, version)
         stale = [r for r in self.fresh[policy].values() if self._stale(policy, r.min_version)]
@@ -98,3 +99,10 @@ class VersionsMixin:
         self._new_version.set()
         self._new_version = asyncio.Event()
         return {"policy": policy, "version": version, "dropped_stale": len(stale)}
+
+    def evaluated(self, policy: str, version: int, metrics: dict[str, float]
+                  ) -> dict[str, Any]:
+        """An evaluator's held-out scores of ``policy`` at ``version`` (for the dashboard)."""
+        self._policy(policy)
+        self.timeline.evaluated(policy, version, metrics)
+        return {"policy": policy, "version": version}

@@ -133,11 +133,26 @@ class BatchIn(_Model):
     trainer_id: NodeId = "trainer"
 
 
+#: a reported number: finite (JSON has no NaN), a metric name as key
+Metrics = Annotated[dict[Name, Annotated[float, Field(allow_inf_nan=False)]],
+                    Field(max_length=64)]
+
+
 class AckIn(_Model):
-    """``step_seconds`` is the step's whole wall time, ``wait_seconds`` the part spent waiting."""
+    """``step_seconds`` is the step's whole wall time, ``wait_seconds`` the part spent
+    waiting; ``metrics`` the step's numbers the dashboard draws (reward_mean, loss)."""
 
     wait_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
     step_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
+    metrics: Metrics = Field(default_factory=dict)
+
+
+class EvalIn(_Model):
+    """An evaluator's held-out scores of ``policy`` at ``version``."""
+
+    policy: Name
+    version: int = Field(ge=0, le=2**62)
+    metrics: Metrics = Field(min_length=1)
 
 
 class VersionIn(_Model):
@@ -158,6 +173,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     SubmitIn,
     BatchIn,
     AckIn,
+    EvalIn,
     VersionIn,
     VersionsWaitIn,
 )

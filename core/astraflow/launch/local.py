@@ -111,6 +111,11 @@ class LocalRun:
         (self.run_dir / "url").write_text(self.url + "\n")
         if first:
             print(f"astraflow: data layer at {self.url}", file=sys.stderr)
+            # the token goes in the link's fragment, which no server or log ever sees;
+            # a token the user set is theirs to type
+            login = (" (log in with $" + TOKEN_ENV + ")" if os.environ.get(TOKEN_ENV)
+                     else f"#token={self.token}")
+            print(f"astraflow: dashboard at {self.url}/dashboard{login}", file=sys.stderr)
 
     def collect(self) -> None:
         """Bring what components wrote elsewhere into the run directory (here they

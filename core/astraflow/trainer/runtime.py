@@ -180,9 +180,12 @@ class TrainerRuntime:
             t_published = time.time()
             self._save(batch.batch_id)
             t2 = time.time()
-            self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0)
-            produced = self.client.status()["policies"][self.policy]
             rewards = [item.trajectory.reward for item in batch.items]
+            self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
+                                  metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
+                                           **{k: v for k, v in metrics.items()
+                                              if k in ("loss", "entropy", "grad_norm")}})
+            produced = self.client.status()["policies"][self.policy]
             staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
             # which rollout pools fed this step (heterogeneous and remote pools show here)
             pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
