@@ -66,7 +66,7 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch_run(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           "steps=600", "batch_size=128", "eval_every=100", "trainer.lr=2e-4",
+           "steps=600", "batch_size=128", "eval_every=600", "trainer.lr=2e-4",
            f"run_dir={run_dir}")
     result = summary(run_dir)
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
