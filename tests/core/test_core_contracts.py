@@ -1,5 +1,5 @@
 """The shared contract suites a plugin's tests subclass hold for the built-in options:
-a task source, a reward, a trajectory filter, one- and two-policy workflows, loggers."""
+task sources, rewards, a trajectory filter, one- and two-policy workflows, loggers."""
 
 from __future__ import annotations
 
@@ -12,42 +12,20 @@ from astraflow.testing.contracts import (
 )
 from astraflow.types import Task
 
-
-class TestArithmeticTasks(TaskSourceContract):
-    option = "arithmetic"
-
-
-class TestFunctionTasks(TaskSourceContract):
-    option = "functions"
-
-
-class TestExactMatch(RewardContract):
-    option = "exact_match"
-    cases = [(Task("t", "1+1=", "2"), "2", 1.0), (Task("t", "1+1=", "2"), "3", 0.0),
-             (Task("t", "1+1=", "2"), " 2 ", 1.0)]
-
-
-class TestMathReward(RewardContract):
-    option = "math"
-    cases = [(Task("t", "x?", "4"), "so it is \\boxed{4}", 1.0)]
-
-
-class TestDynamicSampling(TrajectoryFilterContract):
-    option = "dynamic_sampling"
-
-
-class TestSingleTurn(WorkflowContract):
-    option = "single_turn"
-
-
-class TestSolveVerify(WorkflowContract):
-    option = "solve_verify"
-    replies = {"solver": "2", "verifier": "yes"}
-
-
-class TestTensorBoardLogger(LoggerContract):
-    option = "tensorboard"
-
-
-class TestMLflowLogger(LoggerContract):
-    option = "mlflow"
+ADD = Task("t", "1+1=", "2")
+#: (contract, option, what the suite is told of it): a test class each
+SUITES = [
+    (TaskSourceContract, "arithmetic", {}),
+    (TaskSourceContract, "functions", {}),
+    (RewardContract, "exact_match", {"cases": [(ADD, "2", 1.0), (ADD, "3", 0.0),
+                                               (ADD, " 2 ", 1.0)]}),
+    (RewardContract, "math", {"cases": [(Task("t", "x?", "4"), "so \\boxed{4}", 1.0)]}),
+    (TrajectoryFilterContract, "dynamic_sampling", {}),
+    (WorkflowContract, "single_turn", {}),
+    (WorkflowContract, "solve_verify", {"replies": {"solver": "2", "verifier": "yes"}}),
+    (LoggerContract, "tensorboard", {}),
+    (LoggerContract, "mlflow", {}),
+]
+for _contract, _option, _attrs in SUITES:
+    _name = f"Test{_contract.__name__.removesuffix('Contract')}_{_option}"
+    globals()[_name] = type(_name, (_contract,), {"option": _option, **_attrs})

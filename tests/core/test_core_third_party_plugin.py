@@ -5,45 +5,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from astraflow.newplugin import write_plugin
+
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
-def _write_plugin(root: Path) -> None:
-    (root / "astraflow_toyengine").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(textwrap.dedent("""
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "astraflow-plugin-raas-toyengine"
-        version = "3.1.4"
-        dependencies = ["astraflow"]
-
-        [project.entry-points.astraflow]
-        toyengine = "astraflow_toyengine"
-    """))
-    (root / "astraflow_toyengine" / "__init__.py").write_text(textwrap.dedent("""
-        from dataclasses import dataclass
-
-        from astraflow import hookimpl
-
-
-        @dataclass
-        class ToyEngineConfig:
-            name: str = "toyengine"
-            speed: float = 2.5
-
-
-        @hookimpl
-        def astraflow_register_rollout_backends(register):
-            register("toyengine", "astraflow_toyengine.engine:ToyEngine", ToyEngineConfig)
-    """))
+def _write_plugin(where: Path) -> Path:
+    """A rollout-backend plugin as its author would start it (``astraflow new-plugin``),
+    at version 3.1.4 with a setting of its own."""
+    root = write_plugin("toyengine", "raas", where)
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"',
+                                                       'version = "3.1.4"'))
+    init = root / "astraflow_toyengine" / "__init__.py"
+    init.write_text(init.read_text().replace('    max_num_seqs: int = 64\n',
+                                             '    speed: float = 2.5\n'))
+    return root
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -53,9 +34,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def installed_plugin(tmp_path):
-    _write_plugin(tmp_path / "toyengine")
-    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation",
-                    str(tmp_path / "toyengine")], check=True, timeout=300)
+    root = _write_plugin(tmp_path)
+    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", str(root)],
+                   check=True, timeout=300)
     try:
         yield
     finally:

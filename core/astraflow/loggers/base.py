@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,15 @@ def scalars(record: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
             name = key.removeprefix(f"{kind}/").removeprefix(f"{kind}_")
             values[f"{policy}/{kind}/{name}"] = float(value)
     return step, values
+
+
+def points(records: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], int,
+                                                            dict[str, float]]]:
+    """(record, step, scalars) of each record that measures something."""
+    for record in records:
+        point = scalars(record)
+        if point is not None and point[1]:
+            yield record, *point
 
 
 def need(module: str, option: str, extra: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.contracts import MetricLogger
-from astraflow.loggers.base import need, scalars
+from astraflow.loggers.base import need, points
 
 #: MLflow metric names allow letters, digits, _ - . / and spaces
 _KEEP = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./ ")
@@ -66,11 +66,7 @@ class MLflowLogger(MetricLogger):
         from mlflow.entities import Metric
 
         metrics = []
-        for record in records:
-            point = scalars(record)
-            if point is None:
-                continue
-            step, values = point
+        for record, step, values in points(records):
             stamp = int(1000 * record.get("time", 0.0))
             metrics += [Metric(_metric_name(k), v, stamp, step) for k, v in values.items()]
         for start in range(0, len(metrics), 1000):  # MLflow takes 1000 metrics a call

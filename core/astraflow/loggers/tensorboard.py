@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.contracts import MetricLogger
-from astraflow.loggers.base import scalars
+from astraflow.loggers.base import points
 
 
 @dataclass
@@ -29,11 +29,7 @@ class TensorBoardLogger(MetricLogger):
                                     flush_secs=int(max(1, config.flush_seconds)))
 
     def log(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            point = scalars(record)
-            if point is None:
-                continue
-            step, values = point
+        for record, step, values in points(records):
             for name, value in values.items():
                 self.writer.add_scalar(name, value, step, walltime=record.get("time"))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from astraflow.contracts import MetricLogger
 from astraflow.errors import ConfigError
-from astraflow.loggers.base import need, scalars
+from astraflow.loggers.base import need, points
 
 MODES = ("offline", "online", "disabled")
 
@@ -53,20 +53,15 @@ class WandbLogger(MetricLogger):
         self.defined: set[str] = set()
 
     def log(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            point = scalars(record)
-            if point is None:
-                continue
-            step, values = point
+        for _, step, values in points(records):
             # each policy's train and eval series on their own x axis (step, version):
             # W&B's global step must only grow, and policies step independently
-            axis = "/".join(next(iter(values)).split("/")[:2]) + "/step" if values else ""
-            if axis and axis not in self.defined:
+            axis = "/".join(next(iter(values)).split("/")[:2]) + "/step"
+            if axis not in self.defined:
                 self.run.define_metric(axis)
                 self.run.define_metric(axis.removesuffix("step") + "*", step_metric=axis)
                 self.defined.add(axis)
-            if values:
-                self.run.log({**values, axis: step})
+            self.run.log({**values, axis: step})
 
     def close(self) -> None:
         self.run.finish()
