@@ -66,14 +66,15 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch_run(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           "steps=600", "batch_size=128", "eval_every=600", "trainer.lr=2e-4",
+           "steps=400", "batch_size=128", "eval_every=400", "trainer.lr=2e-4",
            f"run_dir={run_dir}")
     result = summary(run_dir)
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured 0.25 -> 0.59 (+34 points) in 600 steps, about 200 s on 2 CPU cores
-    assert gain >= 0.20
+    # measured on 2 AMD EPYC cores: 0.27 -> 0.43 (+17) at step 200, 0.42 at 300,
+    # 0.54 (+28) at 400, 0.55 at 600 (304 s with an evaluation every 100 steps)
+    assert gain >= 0.15
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train_records = [r for r in records if r["kind"] == "train"]
     # the extra number the reward returned is logged per step
