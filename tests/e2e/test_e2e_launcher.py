@@ -86,10 +86,15 @@ def _start_endless_run(run_dir, tiny_model_dir, output) -> subprocess.Popen:
     every component up."""
     from astraflow.testing import wait_until
 
+    import signal
+
     launcher = subprocess.Popen(
         [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
          "steps=100000", "batch_size=8", "group_size=4", "launcher.progress=false"],
         stdout=output, stderr=output, text=True,
+        # as from a terminal: a suite started in the background (`make test &` in a
+        # script) passes SIGINT on as ignored, and Python then never raises Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = run_dir / "metrics" / "train-policy.jsonl"
     wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300,
