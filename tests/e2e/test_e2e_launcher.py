@@ -84,9 +84,9 @@ def _processes_mentioning(text: str) -> list[int]:
 def _start_endless_run(run_dir, tiny_model_dir, output) -> subprocess.Popen:
     """A launcher on a run too long to end by itself, returned once it is training with
     every component up."""
-    from astraflow.testing import wait_until
-
     import signal
+
+    from astraflow.testing import wait_until
 
     launcher = subprocess.Popen(
         [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={tiny_model_dir}",
