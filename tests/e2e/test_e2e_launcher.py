@@ -16,7 +16,8 @@ def smoke_run(tmp_path_factory, tiny_model_dir):
     run_dir = tmp_path_factory.mktemp("run")
     proc = subprocess.run(
         [sys.executable, "-m", "astraflow", "+experiment=smoke", f"run_dir={run_dir}",
-         f"model.path={tiny_model_dir}", "launcher.progress=false"],
+         f"model.path={tiny_model_dir}", "launcher.progress=false",
+         "logger=[tensorboard,wandb,mlflow]"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,6 +47,33 @@ def test_run_directory_holds_config_metrics_plot_and_summary(smoke_run):
     records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").open()]
     versions = [r["version"] for r in records if r["kind"] == "train"]
     assert versions == sorted(versions) and versions[-1] == 3
+
+
+def test_the_run_logged_to_wandb_and_mlflow_offline_files(smoke_run):
+    """Read back with W&B's and MLflow's own readers: the same numbers as metrics.jsonl."""
+    pytest.importorskip("wandb.sdk.internal.datastore",
+                        reason="W&B's offline-file reader (wandb<0.30, the dev extra)")
+    from astraflow.testing.loggers import mlflow_history, mlflow_run, wandb_history
+
+    train = [json.loads(line) for line in (smoke_run / "metrics.jsonl").open()]
+    train = {r["step"]: r for r in train if r["kind"] == "train"}
+    assert sorted(train) == [1, 2, 3]
+    rows = [r for r in wandb_history(smoke_run) if "policy/train/reward_mean" in r]
+    assert [r["policy/train/step"] for r in rows] == [1, 2, 3]
+    assert [r["policy/train/reward_mean"] for r in rows] == pytest.approx(
+        [train[s]["reward_mean"] for s in (1, 2, 3)])
+    assert all("policy/train/loss" in r for r in rows)
+    evals = [r for r in wandb_history(smoke_run) if "policy/eval/accuracy" in r]
+    assert evals and all(0.0 <= r["policy/eval/accuracy"] <= 1.0 for r in evals)
+
+    history = mlflow_history(smoke_run, "policy/train/reward_mean")
+    assert [step for step, _ in history] == [1, 2, 3]
+    assert [value for _, value in history] == pytest.approx(
+        [train[s]["reward_mean"] for s in (1, 2, 3)])
+    assert len(mlflow_history(smoke_run, "policy/train/loss")) == 3
+    _, run = mlflow_run(smoke_run)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["steps"] == "3"  # the resolved config, as parameters
 
 
 def test_final_weights_load_in_transformers(smoke_run, tiny_model_dir):

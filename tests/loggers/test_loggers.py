@@ -1,77 +1,18 @@
-"""``logger=[tensorboard,wandb,mlflow]``: a run's metrics reach each logger while it runs,
-in offline / local files by default, and read back with each library's own reader."""
+"""Loggers: the launcher's feed of a run's records, records as named scalars, and a
+missing library or bad setting stopping a run before it starts. A real run logging to
+TensorBoard, W&B and MLflow, read back with each library's own reader, is the smoke
+run of tests/e2e/test_e2e_launcher.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from astraflow.errors import ConfigError
 from astraflow.loggers.base import MetricsFeed, need, scalars
-from astraflow.testing import launch_run
-
-
-def wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of the run's offline W&B file, read with W&B's own datastore."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
-
-    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    rows = []
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
-    return rows
-
-
-def mlflow_history(run_dir: Path, metric: str) -> list[tuple[int, float]]:
-    import os
-
-    from mlflow.tracking import MlflowClient
-
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=f"file:{run_dir / 'mlruns'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("astraflow").experiment_id])
-    assert run.info.status == "FINISHED"
-    assert run.data.params["steps"] == "3"  # the resolved config, as parameters
-    return [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
-
-
-@pytest.mark.slow
-def test_a_run_logs_to_tensorboard_wandb_and_mlflow_offline(tmp_path, tiny_model_dir):
-    pytest.importorskip("wandb.sdk.internal.datastore",
-                        reason="W&B's offline-file reader (wandb<0.30, the dev extra)")
-    run_dir = tmp_path / "run"
-    launch_run(tmp_path, "+experiment=smoke", "logger=[tensorboard,wandb,mlflow]",
-               f"model.path={tiny_model_dir}", "task.num_eval=8", "eval_samples=2",
-               f"run_dir={run_dir}")
-    train = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    train = {r["step"]: r for r in train if r["kind"] == "train"}
-    assert sorted(train) == [1, 2, 3]
-
-    rows = [r for r in wandb_history(run_dir) if "policy/train/reward_mean" in r]
-    assert [r["policy/train/step"] for r in rows] == [1, 2, 3]
-    assert [r["policy/train/reward_mean"] for r in rows] == pytest.approx(
-        [train[s]["reward_mean"] for s in (1, 2, 3)])
-    assert all("policy/train/loss" in r for r in rows)
-    evals = [r for r in wandb_history(run_dir) if "policy/eval/accuracy" in r]
-    assert evals and all(0.0 <= r["policy/eval/accuracy"] <= 1.0 for r in evals)
-
-    history = mlflow_history(run_dir, "policy/train/reward_mean")
-    assert [step for step, _ in history] == [1, 2, 3]
-    assert [value for _, value in history] == pytest.approx(
-        [train[s]["reward_mean"] for s in (1, 2, 3)])
-    assert len(mlflow_history(run_dir, "policy/train/loss")) == 3
-    assert any((run_dir / "tensorboard").iterdir())
 
 
 def test_the_feed_returns_each_complete_record_once(tmp_path):
