@@ -349,15 +349,32 @@ class RaaSNode:
                         running.add(asyncio.create_task(
                             self._run_lease(lease, more=not stop.is_set())))
         if running:  # a leaving node finishes what it leased, for a while
-            done, late = await asyncio.wait(running, timeout=self.options.leave_grace)
+            # unless the run is over: with every trainer gone nothing would train on them
+            over = await self._trainers_gone()
+            grace = 0.0 if over else self.options.leave_grace
+            done, late = await asyncio.wait(running, timeout=grace) if grace else (set(),
+                                                                                  running)
             _report(done)
             for task in late:  # e.g. submissions retrying a data layer that is gone:
                 task.cancel()  # their leases expire and are issued again
-            if late:
+            if late and over:
+                log.info("node %s: every trainer is gone; dropped %d rollouts in flight",
+                         self.name, len(late))
+            elif late:
                 log.warning("node %s: left %d rollouts unfinished after %.0fs; their tasks "
-                            "will be issued again", self.name, len(late),
-                            self.options.leave_grace)
+                            "will be issued again", self.name, len(late), grace)
+            if late:
                 await asyncio.wait(late)
+
+    async def _trainers_gone(self) -> bool:
+        """Whether every policy this node serves has lost all its trainers (they left at
+        the end of the run); False when the data layer does not answer at once."""
+        try:
+            status = await asyncio.wait_for(self.client.status(), timeout=2.0)
+            policies = status["policies"]
+            return all(policies[p].get("trainer_gone") for p in self.backends)
+        except Exception:
+            return False
 
     async def _sync_loop(self, stop: asyncio.Event) -> None:
         """The trainer-centred baseline: generate an iteration with the current weights,
