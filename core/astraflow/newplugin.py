@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +155,15 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
+def _distribution(name: str, kind_name: str) -> str:
+    """``astraflow-plugin-raas-my-engine``: the prefix the registry's hints name."""
+    return KINDS[KINDS_OF_PLUGIN[kind_name].registry_kind][2] + name.replace("_", "-")
+
+
 def _files(name: str, kind_name: str) -> dict[str, str]:
     kind = KINDS_OF_PLUGIN[kind_name]
-    hook, group, pip_prefix = KINDS[kind.registry_kind]
-    dist = f"{pip_prefix}{name.replace('_', '-')}"
+    hook, group, _ = KINDS[kind.registry_kind]
+    dist = _distribution(name, kind_name)
     package = f"astraflow_{name}"
     cls = _camel(name)
     config_base = kind.config_base.rsplit(" ", 1)[-1] if kind.config_base else ""
@@ -255,7 +259,7 @@ def write_plugin(name: str, kind: str, where: Path) -> Path:
         raise ConfigError(f"new-plugin --kind {kind}: choose one of "
                           f"{', '.join(KINDS_OF_PLUGIN)}")
     files = _files(name, kind)
-    root = where / textwrap.dedent(files["pyproject.toml"]).split('name = "')[1].split('"')[0]
+    root = where / _distribution(name, kind)
     if root.exists():
         raise ConfigError(f"new-plugin: {root} already exists; remove it or choose --dir")
     for rel, text in files.items():

@@ -11,6 +11,7 @@ repeated ack or version announcement changes nothing.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import socket
 import time
@@ -71,8 +72,6 @@ def _advance(steps: Generator[tuple[str, Any], Any, Any], reply: Any) -> tuple[s
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite numbers of ``metrics`` (JSON and the data layer take no NaN)."""
-    import math
-
     return {str(k): float(v) for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 

@@ -17,10 +17,11 @@ import json
 from importlib import resources
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from astraflow.dataflow.service import DataflowService
+from astraflow.security import bearer_auth
 
 SESSION_COOKIE = "astraflow_session"
 #: the longest login body read (a token is a few dozen characters)
@@ -37,14 +38,16 @@ def _page(name: str) -> str:
 
 def dashboard_router(service: DataflowService, token: str) -> APIRouter:
     r = APIRouter()
-    bearer = f"Bearer {token}".encode()
+    check_bearer = bearer_auth(token)
     session = session_value(token)
     dashboard, login = _page("dashboard.html"), _page("login.html")
 
     def allowed(request: Request) -> bool:
-        auth = request.headers.get("authorization")
-        if auth is not None and hmac.compare_digest(auth.encode(), bearer):
+        try:  # the API's own bearer check
+            check_bearer(request.headers.get("authorization"))
             return True
+        except HTTPException:
+            pass
         cookie = request.cookies.get(SESSION_COOKIE)
         return cookie is not None and hmac.compare_digest(cookie.encode(), session.encode())
 
