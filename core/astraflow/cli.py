@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if not isinstance(exc, HydraException | OmegaConfBaseException):
             raise
-        said = _unknown_setting(exc, argv) or _unknown_option(exc) or exc
+        # the overrides alone: Hydra's own flags (--cfg job) are not overrides to compose
+        said = _unknown_setting(exc, _hydra_flags(argv)[3]) or _unknown_option(exc) or exc
         print(f"astraflow: config error: {said}",
               file=sys.stderr)
         code = 2

@@ -193,5 +193,9 @@ def topic(spec: str) -> str:
     if spec in hints:
         return "\n".join(line for line in settings_table(AstraFlowConfig, depth=0)
                          if line.startswith(f"  {spec}:"))
-    raise ConfigError(f"--help {spec}: not a group, option or setting; groups: "
-                      f"{', '.join(GROUPS)}")
+    import difflib
+
+    near = difflib.get_close_matches(spec, [*GROUPS, *hints], n=1)
+    raise ConfigError(f"--help {spec}: not a group, option or setting"
+                      + (f" (did you mean {near[0]}?)" if near else "")
+                      + f"; groups: {', '.join(GROUPS)}")

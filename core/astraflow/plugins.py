@@ -162,9 +162,13 @@ def missing_option_message(registry: Registry, kind: str, name: str) -> str:
     )
     label = f"{group}={name}" if group else f"{kind} {name!r}"
     dist = KINDS[kind][2] + name.replace("_", "-")
+    import difflib
+
+    near = difflib.get_close_matches(name, installed.split(", "), n=1, cutoff=0.75)
     return (
         f"{label} is not installed. Installed options: {installed or '(none)'}. "
-        f"To add it: pip install {dist}"
+        + (f"Did you mean {group or kind}={near[0]}? " if near else "")
+        + f"To add it: pip install {dist}"
     )
 
 
