@@ -2,7 +2,7 @@
 
 Every hook receives a ``register`` callback (the style of ``llm.register_models``)::
 
-    register(name, factory, config_cls=None, *, description="")
+    register(name, factory, config_cls=None, *, description="", check=None)
 
 * ``name`` -- the option users select, e.g. ``raas=vllm``. Names are unique per kind;
   a second registration of the same name is rejected naming both providers.
@@ -13,6 +13,10 @@ Every hook receives a ``register`` callback (the style of ``llm.register_models`
 * ``config_cls`` -- a dataclass with the option's settings. It becomes the Hydra
   structured config of the option: installing the plugin makes ``+group=name``
   selectable with no edit to ``conf/``, and unknown keys are errors.
+* ``check`` -- optional, a ``"module:function"`` string (or the function) that raises
+  ``ValueError`` on a config the option cannot run, without importing the
+  implementation. The launcher calls it before anything starts; without it, it imports
+  the factory to call its ``check_config`` (an engine import: seconds of start-up).
 
 Built-in implementations are registered through these same hooks by
 :mod:`astraflow.builtins`.

@@ -71,12 +71,24 @@ class Entry:
     distribution: str
     version: str
     description: str = ""
+    #: ``"module:function"`` (or the function) judging a config without importing the
+    #: implementation: the launcher's pre-flight calls it instead of loading an engine
+    #: only to call its ``check_config``
+    check: str | Callable[..., Any] | None = None
 
     def load(self) -> Callable[..., Any]:
         """Import the implementation (only now: registration stays cheap)."""
-        if callable(self.factory):
-            return self.factory
-        module_name, _, attr = self.factory.partition(":")
+        return self._resolve(self.factory)
+
+    def checker(self) -> Callable[[Any], None] | None:
+        """The config check this entry names, if any; ``check_config`` of the loaded
+        implementation is the fallback the caller chooses."""
+        return None if self.check is None else self._resolve(self.check)
+
+    def _resolve(self, target: str | Callable[..., Any]) -> Callable[..., Any]:
+        if callable(target):
+            return target
+        module_name, _, attr = target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -230,7 +242,8 @@ class AstraFlowPluginManager(pluggy.PluginManager):
                 info = self.infos.setdefault(plugin_name, PluginInfo(plugin_name, "?", "?"))
 
                 def register(
-                    name, factory, config_cls=None, *, description="", _kind=kind, _info=info
+                    name, factory, config_cls=None, *, description="", check=None, _kind=kind,
+                    _info=info,
                 ):
                     registry.add(
                         Entry(
@@ -242,6 +255,7 @@ class AstraFlowPluginManager(pluggy.PluginManager):
                             _info.distribution,
                             _info.version,
                             description,
+                            check,
                         )
                     )
 

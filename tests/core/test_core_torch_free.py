@@ -21,3 +21,36 @@ def test_core_distribution_does_not_depend_on_torch():
     requirements = metadata.requires("astraflow") or []
     core = [r for r in requirements if "extra ==" not in r]
     assert not [r for r in core if r.split()[0].lower().startswith(HEAVY)], core
+
+
+def preflight(*overrides: str) -> subprocess.CompletedProcess:
+    """The launcher's check of the selected engines' settings, in a fresh interpreter:
+    what it imported, or the one line it refused with."""
+    code = (
+        "import sys; from astraflow.config import compose_config;"
+        "from astraflow.errors import ConfigError;"
+        "from astraflow.launch.preflight import check_backends;"
+        f"cfg = compose_config({list(overrides)!r})\n"
+        "try:\n    check_backends(cfg)\nexcept ConfigError as exc:\n    sys.exit(str(exc))\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_launchers_engine_check_imports_no_engine():
+    """Start-up: the launcher judges raas/trainer settings before anything starts, but an
+    engine import there (torch, transformers, vLLM: 9-19 s here) would delay every run."""
+    for overrides in ([], ["raas=vllm", "trainer=megatron"], ["raas=sim"]):
+        proc = preflight(*overrides)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "[]", (overrides, proc.stdout)
+
+
+def test_a_bad_engine_setting_is_still_refused_before_anything_starts():
+    for override, said in (("raas.dtype=float8", "raas.dtype='float8'"),
+                           ("trainer.loss=reinforce", "trainer.loss='reinforce'"),
+                           ("trainer.mixed_precision=fp8", "trainer.mixed_precision='fp8'")):
+        proc = preflight(override)
+        assert proc.returncode == 1, (override, proc.stdout, proc.stderr)
+        assert said in proc.stderr and "choose one of" in proc.stderr, proc.stderr

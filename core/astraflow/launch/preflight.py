@@ -24,11 +24,13 @@ _SAMPLE_PROMPTS = 5
 
 def check_backends(cfg: DictConfig) -> None:
     """Each selected backend judges its own config (e.g. whether it must start a server
-    this machine lacks). A registered factory that is not a contract class may omit it."""
+    this machine lacks). With a registered ``check`` the engine is not imported here (an
+    engine import costs seconds to tens of seconds of start-up); otherwise the factory's
+    ``check_config``, which a factory that is not a contract class may omit."""
     registry = get_registry()
     for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):
-        factory = registry.get(kind, conf.name).load()
-        check = getattr(factory, "check_config", None)
+        entry = registry.get(kind, conf.name)
+        check = entry.checker() or getattr(entry.load(), "check_config", None)
         if callable(check):
             try:
                 check(conf)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,27 +102,41 @@ def check_loggers(cfg: DictConfig) -> None:
         entry.load().check_config(config)
 
 
+def _switched_off(name: str, exc: Exception) -> None:
+    print(f"astraflow: warning: logger={name} failed and is switched off: "
+          f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 class Loggers:
     """The selected loggers, fed the run's records as the launcher reads them. One that
     fails is reported once on the console and dropped; the run goes on."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path) -> None:
         self.feed = MetricsFeed(run_dir)
-        run_config = OmegaConf.to_container(cfg, resolve=True)
-        self.loggers: dict[str, MetricLogger] = {}
-        for name, (entry, config) in selected(cfg).items():
-            self.loggers[name] = entry.create(config, str(run_dir), run_config)
+        self.cfg, self.run_dir = cfg, run_dir
+        self.loggers: dict[str, MetricLogger] | None = None
+
+    def _open(self) -> dict[str, MetricLogger]:
+        """The loggers, made when there is a first record to give them: their libraries
+        (tensorboardX imports torch) then load after the run's start-up, not during it."""
+        if self.loggers is None:
+            run_config = OmegaConf.to_container(self.cfg, resolve=True)
+            self.loggers = {}
+            for name, (entry, config) in selected(self.cfg).items():
+                try:
+                    self.loggers[name] = entry.create(config, str(self.run_dir), run_config)
+                except Exception as exc:  # a logging service down must not stop training
+                    _switched_off(name, exc)
+        return self.loggers
 
     def _each(self, what: str, *args: Any) -> None:
-        for name, logger in list(self.loggers.items()):
+        loggers = self._open()
+        for name, logger in list(loggers.items()):
             try:
                 getattr(logger, what)(*args)
             except Exception as exc:  # a logging service down must not stop training
-                import sys
-
-                print(f"astraflow: warning: logger={name} failed and is switched off: "
-                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
-                del self.loggers[name]
+                _switched_off(name, exc)
+                del loggers[name]
 
     def update(self) -> None:
         records = self.feed.read()

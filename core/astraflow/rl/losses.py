@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from astraflow.rl.options import CORRECTIONS
+
 #: M2PO's bound on the second moment of the log importance ratio
 M2PO_TAU = 0.01
 _M2PO_MAX_EPS_LOW = 0.95
 _M2PO_MAX_EPS_HIGH = 20.0
 #: what ``policy_loss`` does to importance weights above ``cap``: nothing, truncate, mask
-CORRECTIONS = ("none", "tis", "mis")
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -12,6 +12,10 @@ from typing import Any
 
 #: ``target_modules`` shorthand for every linear layer but the output head (peft's)
 ALL_LINEAR = "all-linear"
+#: names of the trained and exported dtypes, of the losses and of the rollout corrections
+DTYPE_NAMES = ("bfloat16", "float32")
+LOSSES = ("ppo", "m2po")
+CORRECTIONS = ("none", "tis", "mis")
 
 
 @dataclass
@@ -176,3 +180,28 @@ def parallel_sizes(options: object) -> tuple[int, int, int]:
         raise ValueError(f"trainer.data_parallel_size={dp} x tensor_model_parallel_size={tp} x "
                          f"pipeline_model_parallel_size={pp} != world_size={world}")
     return dp, tp, pp
+
+
+def check_policy_gradient(config: Any) -> None:
+    """Every policy-gradient backend's settings judged without importing torch, so the
+    launcher's pre-flight costs no engine import (``PolicyGradientBackend`` runs it too)."""
+    for key in ("dtype", "export_dtype"):
+        if getattr(config, key) not in DTYPE_NAMES:
+            raise ValueError(f"trainer.{key}={getattr(config, key)!r}: choose one of "
+                             f"{list(DTYPE_NAMES)}")
+    if config.loss not in LOSSES:
+        raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
+    if config.micro_batch_size < 1:
+        raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
+    if not 0.0 <= config.min_lr_ratio <= 1.0:
+        raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
+    if config.rollout_correction not in CORRECTIONS:
+        raise ValueError(f"trainer.rollout_correction={config.rollout_correction!r}: "
+                         f"choose one of {list(CORRECTIONS)}")
+    if not config.rollout_correction_cap > 1.0:
+        raise ValueError(f"trainer.rollout_correction_cap={config.rollout_correction_cap} "
+                         "must be > 1")
+    lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
+    parallel_sizes(config)
+    if getattr(config, "lora", None) is not None:
+        check_lora(config.lora)

@@ -45,17 +45,15 @@ import torch.distributed as dist
 
 from astraflow.contracts import TrainerBackend
 from astraflow.rl.losses import (
-    CORRECTIONS,
     m2po_clip,
     policy_loss,
     token_entropy,
     token_logprobs,
 )
-from astraflow.rl.options import check_lora, lr_at, parallel_sizes
+from astraflow.rl.options import check_policy_gradient, lr_at
 from astraflow.types import Batch, TrainItem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-LOSSES = ("ppo", "m2po")
 
 
 def dtype_of(name: str, field: str) -> torch.dtype:
@@ -132,24 +130,7 @@ class PolicyGradientBackend(TrainerBackend):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
-        dtype_of(config.dtype, "dtype")
-        dtype_of(config.export_dtype, "export_dtype")
-        if config.loss not in LOSSES:
-            raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
-        if config.micro_batch_size < 1:
-            raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
-        if not 0.0 <= config.min_lr_ratio <= 1.0:
-            raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
-        if config.rollout_correction not in CORRECTIONS:
-            raise ValueError(f"trainer.rollout_correction={config.rollout_correction!r}: "
-                             f"choose one of {list(CORRECTIONS)}")
-        if not config.rollout_correction_cap > 1.0:
-            raise ValueError(f"trainer.rollout_correction_cap={config.rollout_correction_cap} "
-                             "must be > 1")
-        lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
-        parallel_sizes(config)
-        if getattr(config, "lora", None) is not None:
-            check_lora(config.lora)
+        check_policy_gradient(config)
 
     #: a checkpoint's description of itself (beside its tensors), and its layout's number
     state_file = "trainer_state.json"

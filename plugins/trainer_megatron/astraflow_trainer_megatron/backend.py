@@ -40,9 +40,9 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from astraflow.rl.options import lora_rank
 from astraflow.rl.policy_gradient import PolicyGradientBackend
 from astraflow.text import copy_tokenizer_files
+from astraflow_trainer_megatron import check_config
 
 with warnings.catch_warnings():
     # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
@@ -129,12 +129,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
-        super().check_config(config)
-        if lora_rank(config):
-            # Megatron-core has no adapter layers of its own; tensor-parallel adapters
-            # would need sharded A/B matrices beside every Column/RowParallelLinear
-            raise ValueError("trainer.lora.rank > 0: trainer=megatron trains whole models "
-                             "only; train LoRA adapters with trainer=hf (peft)")
+        check_config(config)
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)  # dtypes and torch threads
