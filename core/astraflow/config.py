@@ -101,6 +101,10 @@ class AstraFlowConfig:
     max_nodes: int = 4
     #: most tasks a RaaS node keeps in flight; below it, rate x turnaround (Little's law)
     node_concurrency: int = 64
+    #: partial rollouts: a node loads new weights under the generations in flight, which
+    #: go on with them from their next token (each token keeps the version that sampled
+    #: it), instead of waiting for the longest to finish on the old ones (raas=hf, vllm)
+    partial_rollouts: bool = False
     #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
     #: with its step, so a step can be replayed offline (large: for debugging)
     record_batches: bool = False

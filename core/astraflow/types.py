@@ -135,4 +135,20 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
-    version: int  # weight version of the engine that produced it
+    version: int  # weight version of the engine that produced it (the oldest, if several)
+    #: the weight version of each token, when new weights arrived while it was generated
+    #: (a partial rollout: the tokens before the load came from ``version``, the rest from
+    #: newer ones); None: every token is ``version``'s
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int]:
+        """The weight version that sampled each token."""
+        if self.token_versions is None:
+            return [self.version] * len(self.token_ids)
+        return list(self.token_versions)
+
+    def head(self, end: int, finish_reason: str | None = None) -> Generation:
+        """The first ``end`` tokens, with their log-probs and versions."""
+        versions = None if self.token_versions is None else list(self.token_versions[:end])
+        return Generation(list(self.token_ids[:end]), list(self.logprobs[:end]),
+                          finish_reason or self.finish_reason, self.version, versions)

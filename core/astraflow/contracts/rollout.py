@@ -29,6 +29,9 @@ class RolloutBackend(ABC):
     #: whether the engine serves LoRA adapters (``configure_adapters``, ``load_adapter``):
     #: then one engine serves every policy of a LoRA run, one adapter each
     supports_adapters: bool = False
+    #: whether ``swap_weights`` loads new weights under generations in flight (partial
+    #: rollouts); the default ``swap_weights`` waits for them to finish instead
+    supports_partial_rollouts: bool = False
 
     def __init__(self, config: Any, model_path: str) -> None:
         self.check_config(config)
@@ -65,6 +68,18 @@ class RolloutBackend(ABC):
 
         Called between ``pause`` and ``resume``; no request is in flight.
         """
+
+    async def swap_weights(self, path: str, version: int) -> None:
+        """Load the full weights at ``path`` as ``version`` while generations are in
+        flight: each continues on the new weights from its next token, and its
+        ``Generation.token_versions`` says which version sampled each token. A long
+        generation then no longer holds a refresh back. The default (an engine that cannot)
+        waits for them: ``pause``, ``load_weights``, ``resume``."""
+        await self.pause()
+        try:
+            await self.load_weights(path, version)
+        finally:
+            await self.resume()
 
     async def pause(self) -> None:
         """Stop admitting new generation; return once in-flight requests finished."""

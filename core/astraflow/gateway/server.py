@@ -289,7 +289,7 @@ class Gateway:
         for end in range(1, len(gen.token_ids) + 1):
             text = self.tokenizer.decode(gen.token_ids[:end])
             if any(s in text for s in multi):
-                return Generation(gen.token_ids[:end], gen.logprobs[:end], "stop", gen.version)
+                return gen.head(end, "stop")
         return gen
 
     def _text(self, gen: Generation, stops: list[str]) -> str:

@@ -91,8 +91,10 @@ class ServedPolicy:
             request.adapter = self.name
         return await self.backend.generate(request)
 
-    async def load(self, path: Path, version: int) -> None:
-        """Load what the weight store synced to ``path``: whole weights or an adapter."""
+    async def load(self, path: Path, version: int, partial: bool = False) -> None:
+        """Load what the weight store synced to ``path``: whole weights or an adapter.
+        With ``partial``, whole weights are swapped under the generations in flight;
+        otherwise (and always for an adapter) the engine is paused around the load."""
         from astraflow.weights.base import check_adapter, write_peft_dir
         from astraflow.weights.store import MANIFEST
 
@@ -102,19 +104,20 @@ class ServedPolicy:
                 f"{self.name} v{version} is {'a LoRA adapter' if adapter else 'a whole model'}"
                 f" but this node {'serves adapters' if self.adapter else 'serves whole models'}"
                 " (trainer.lora.rank differs between the trainer and this node's config)")
-        if adapter is None:
-            await self.backend.load_weights(str(path), version)
+        if adapter is None and partial:
+            await self.backend.swap_weights(str(path), version)
             return
-        model_path = self.backend.model_path
-        await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
-        await asyncio.to_thread(write_peft_dir, path, adapter)
-        await self.backend.load_adapter(self.name, str(path), version)
-
-    async def pause(self) -> None:
         await self.backend.pause()
-
-    async def resume(self) -> None:
-        await self.backend.resume()
+        try:
+            if adapter is None:
+                await self.backend.load_weights(str(path), version)
+                return
+            model_path = self.backend.model_path
+            await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
+            await asyncio.to_thread(write_peft_dir, path, adapter)
+            await self.backend.load_adapter(self.name, str(path), version)
+        finally:
+            await self.backend.resume()
 
 
 async def start_engines(cfg: DictConfig, policies: list[str], engines: list[RolloutBackend]
@@ -189,6 +192,10 @@ class RaaSNode:
         self.in_flight = 0
         self.turnaround: float | None = None
         self._refresh_lock = asyncio.Lock()
+        #: each load: its version, seconds after publication, seconds the load took
+        self.refreshes: list[dict[str, Any]] = []
+        self.refresh_log: Path | None = Path(work_dir) / "metrics" / (
+            "refresh-" + self.name.replace(os.sep, "_") + ".jsonl")
 
     async def start(self) -> None:
         from astraflow.text import load_tokenizer
@@ -225,14 +232,29 @@ class RaaSNode:
                 if synced is None:
                     continue
                 version, path = synced
-                await backend.pause()
-                try:
-                    await backend.load(path, version)
-                finally:
-                    await backend.resume()
-                log.info("node %s: %s now at version %d", self.name, policy, version)
+                started = time.time()
+                await backend.load(path, version, partial=bool(self.cfg.get("partial_rollouts")))
+                self._refreshed(policy, version, path, time.time() - started)
                 loaded = True
         return loaded
+
+    def _refreshed(self, policy: str, version: int, path: Path, load_seconds: float) -> None:
+        """A version now serves: how long after its publication, and how long the load
+        took (with the engine paused, that includes waiting for the generations in flight
+        to finish). One JSON line per load in ``metrics/refresh-<node>.jsonl``."""
+        from astraflow.weights.store import MANIFEST
+
+        created = json.loads((path / MANIFEST).read_text()).get("created")
+        record = {"time": time.time(), "node": self.name, "policy": policy, "version": version,
+                  "load_seconds": round(load_seconds, 4),
+                  "since_published": round(time.time() - created, 4) if created else None}
+        self.refreshes.append(record)
+        if self.refresh_log is not None:
+            self.refresh_log.parent.mkdir(parents=True, exist_ok=True)
+            with self.refresh_log.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        log.info("node %s: %s now at version %d (%.2f s after its publication; load %.2f s)",
+                 self.name, policy, version, record["since_published"] or 0.0, load_seconds)
 
     def policy_handles(self) -> dict[str, EnginePolicy]:
         defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),

@@ -164,6 +164,55 @@ class RolloutBackendContract:
         assert len(gens) == 1
 
 
+    def test_swap_weights_under_a_long_generation(self, engine, tiny_model_dir, tmp_path):
+        """Partial rollouts: weights swapped while a long generation runs. An engine that
+        supports it returns from the swap before that generation ends, which goes on
+        with the new weights, each token labelled with the version that sampled it; one
+        that does not finishes it on one version."""
+        loop, backend = engine
+        old = backend.version
+        noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy", scale=0.05)
+        gen, order = loop.run(self._swap_during(backend, tiny_model_dir, noisy, old + 1))
+        versions = gen.versions()
+        assert len(versions) == len(gen.token_ids) == LONG
+        assert versions == sorted(versions) and set(versions) <= {old, old + 1}
+        assert gen.version == versions[0]
+        if backend.supports_partial_rollouts:
+            assert order == ["swap", "generation"]
+            assert versions[-1] == old + 1, "the tokens after the swap kept the old version"
+        else:
+            assert len(set(versions)) == 1
+
+    async def _swap_during(self, backend, model_dir, path, version, started=None):
+        """Generate LONG tokens greedily while ``path`` is swapped in as ``version`` (once
+        ``started()``, if given, says the generation is under way); the generation and
+        which of the two finished first. The original weights are back after it."""
+        from astraflow.text import load_tokenizer
+
+        # padding as the only stop token: the model never samples it greedily, so the
+        # generation runs its whole length
+        never = load_tokenizer(model_dir).pad_token_id
+        req = self._req(model_dir, "12+30=", temperature=0.0, max_new_tokens=LONG,
+                        stop_token_ids=[never])
+        order: list[str] = []
+        task = asyncio.ensure_future(backend.generate(req))
+        task.add_done_callback(lambda _: order.append("generation"))
+        await asyncio.sleep(0)  # the request reaches the engine before the swap
+        while started is not None and not started() and not task.done():
+            await asyncio.sleep(0.001)
+        try:
+            await backend.swap_weights(str(path), version)
+            order.append("swap")
+            gen = (await asyncio.wait_for(task, timeout=300))[0]
+        finally:
+            await backend.swap_weights(model_dir, version + 1)
+        return gen, order
+
+
+#: tokens of the generation under which the swap tests load weights
+LONG = 200
+
+
 def make_adapter(model_dir: str, out_dir: Path, rank: int = 16, scale: float = 0.3,
                  seed: int = 0, target_modules: Any = None) -> Path:
     """A LoRA adapter of ``model_dir`` as a trainer publishes it and a node hands it to

@@ -26,13 +26,14 @@ class TrajectoryBuilder:
         self.sources: list[str] = []
         self.spans: list[Span] = []
 
-    def _extend(self, ids: list[int], source: str, logprobs: list[float], version: int) -> None:
+    def _extend(self, ids: list[int], source: str, logprobs: list[float], version: int,
+                versions: list[int] | None = None) -> None:
         if not ids:
             return
         start = len(self.tokens)
         self.tokens.extend(ids)
         self.logprobs.extend(logprobs)
-        self.versions.extend([version] * len(ids))
+        self.versions.extend(versions if versions is not None else [version] * len(ids))
         self.sources.extend([source] * len(ids))
         self.spans.append(Span(start, len(self.tokens), source, version))
 
@@ -43,9 +44,10 @@ class TrajectoryBuilder:
     def add_generation(self, policy: str, generation: Generation) -> None:
         if len(generation.token_ids) != len(generation.logprobs):
             raise ValueError("a generation needs one log-prob per token")
-        self._extend(
-            list(generation.token_ids), policy, list(generation.logprobs), generation.version
-        )
+        # a partial rollout's tokens carry the versions that sampled each; the span keeps
+        # the oldest, from which staleness is counted
+        self._extend(list(generation.token_ids), policy, list(generation.logprobs),
+                     generation.version, generation.versions())
 
     def copy(self) -> TrajectoryBuilder:
         other = TrajectoryBuilder(self.task_id, self.group_id)
@@ -75,8 +77,7 @@ class TrajectoryBuilder:
 def without_stop(gen: Generation, stop_token_ids: list[int]) -> Generation:
     """``gen`` without the end token that closed it: a turn as another turn shows it."""
     ids = list(gen.token_ids)
-    keep = len(ids) - int(bool(ids) and ids[-1] in stop_token_ids)
-    return Generation(ids[:keep], list(gen.logprobs[:keep]), gen.finish_reason, gen.version)
+    return gen.head(len(ids) - int(bool(ids) and ids[-1] in stop_token_ids))
 
 
 class EnvWorkflow(Workflow):

@@ -14,8 +14,10 @@ unmerged adapter costs two thin matmuls per adapted layer.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
+import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from astraflow.contracts import RolloutBackend
 from astraflow.raas.pausable import Pausable
@@ -39,6 +41,29 @@ class _Pending:
     future: asyncio.Future = field(repr=False)
 
 
+@dataclass
+class _Swap:
+    """Weights to load under the generations in flight, at their next decode step."""
+
+    path: str
+    version: int
+    done: concurrent.futures.Future = field(repr=False)
+
+
+class _SwapAtStep(LogitsProcessor):
+    """Runs between two decode steps of ``generate``: the scores of token ``step`` were
+    computed on the weights held until now, so a swap made here samples tokens from
+    ``step + 1`` on with the new ones (on the keys and values cached so far)."""
+
+    def __init__(self, backend: HFRolloutBackend, width: int) -> None:
+        self.backend, self.width = backend, width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.backend._swap is not None:
+            self.backend._apply_swap(input_ids.shape[1] - self.width + 1)
+        return scores
+
+
 def tied_names(model: torch.nn.Module) -> set[str]:
     """Tensors that share storage with one named before them (tied embeddings): a
     checkpoint stores them once."""
@@ -52,6 +77,7 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 
 class HFRolloutBackend(Pausable, RolloutBackend):
     supports_adapters = True
+    supports_partial_rollouts = True
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -67,6 +93,11 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self.model = None
         self._tied: set[str] = set()
         self._adapter_configs: dict[str, dict] = {}
+        #: weights waiting for the next decode step, and the (first token, version)
+        #: switches of the generation under way
+        self._swap: _Swap | None = None
+        self._swap_lock = threading.Lock()
+        self._switches: list[tuple[int, int]] = []
 
     def configure_adapters(self, max_rank: int, names: list[str]) -> None:
         try:
@@ -161,8 +192,10 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         yield
 
     def _sample(self, rows: list[GenerationRequest]) -> list[Generation]:
-        model = self.model
         first = rows[0]
+        if first.adapter is None:
+            self._apply_swap()  # weights that arrived between two generations: all new
+        model = self.model
         version = self.adapter_versions.get(first.adapter, 0) if first.adapter else self.version
         if first.seed is not None:
             torch.manual_seed(first.seed)
@@ -175,7 +208,11 @@ class HFRolloutBackend(Pausable, RolloutBackend):
             attention[row, width - len(req.prompt_ids) :] = 1
         greedy = first.temperature <= 0
         stop = list(first.stop_token_ids)
+        self._switches = []
+        # whole-weight swaps happen between decode steps; an adapter's load waits instead
+        swaps = [] if first.adapter else [_SwapAtStep(self, width)]
         generated = model.generate(
+            logits_processor=LogitsProcessorList(swaps),
             input_ids=input_ids.to(model.device),
             attention_mask=attention.to(model.device),
             do_sample=not greedy,
@@ -202,8 +239,43 @@ class HFRolloutBackend(Pausable, RolloutBackend):
                 if tok in stop:
                     ids, reason = ids[: pos + 1], "stop"
                     break
-            out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, version))
+            versions = None
+            if self._switches:
+                versions = [version] * len(ids)
+                for start, new in self._switches:
+                    versions[start:] = [new] * max(0, len(ids) - start)
+            out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, version,
+                                  versions))
         return out
+
+    async def swap_weights(self, path: str, version: int) -> None:
+        """Partial rollouts: the generation under way takes the new weights at its next
+        decode step (an idle engine loads them at once); tokens keep their versions."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._swap_lock:
+            if self._swap is not None:
+                raise RuntimeError("swap_weights while another swap waits")
+            self._swap = _Swap(path, version, done)
+        asyncio.get_running_loop().run_in_executor(self._executor, self._apply_swap)
+        await asyncio.wrap_future(done)
+
+    def _apply_swap(self, first_token: int | None = None) -> None:
+        """On the engine's thread: load the waiting weights, if any; during a generation
+        its tokens from ``first_token`` on are the new version's."""
+        with self._swap_lock:
+            swap, self._swap = self._swap, None
+        if swap is None:
+            return
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                self._load_weights(swap.path)
+        except Exception as exc:
+            swap.done.set_exception(exc)
+            return
+        self.version = swap.version
+        if first_token is not None:
+            self._switches.append((first_token, swap.version))
+        swap.done.set_result(None)
 
     async def load_weights(self, path: str, version: int) -> None:
         loop = asyncio.get_running_loop()

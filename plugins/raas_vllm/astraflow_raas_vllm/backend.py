@@ -76,6 +76,8 @@ def tensor_shapes(directory: str) -> dict[str, list[int]]:
 
 class VLLMRolloutBackend(RolloutBackend):
     supports_adapters = True
+    supports_partial_rollouts = True
+    _swapping = False
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -177,9 +179,16 @@ class VLLMRolloutBackend(RolloutBackend):
             raise RuntimeError(f"vLLM ended a sequence with {out.finish_reason!r}")
         ids = list(out.token_ids)
         logprobs = list(out.logprobs.logprobs)  # logprobs=0: one entry per position
+        token_versions = None
         if version is None:  # whole weights: the versions the engine generated them with
-            version = min(int(span.version) for span in out.weight_versions)
-        return Generation(ids, logprobs, out.finish_reason, version)
+            spans = out.weight_versions or []
+            version = min((int(span.version) for span in spans), default=self.version)
+            if len({span.version for span in spans}) > 1:  # a partial rollout
+                token_versions = [version] * len(ids)
+                for span in spans:
+                    token_versions[span.start:span.end] = [int(span.version)] * (
+                        min(span.end, len(ids)) - min(span.start, len(ids)))
+        return Generation(ids, logprobs, out.finish_reason, version, token_versions)
 
     async def load_adapter(self, name: str, path: str, version: int) -> None:
         engine = self._engine()
@@ -213,9 +222,25 @@ class VLLMRolloutBackend(RolloutBackend):
             raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}, other shapes {reshaped[:5]}")
         await engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        await engine.reset_prefix_cache()  # cached prompt KV came from the old weights
+        # cached KV came from the old weights; with requests kept across the load
+        # (swap_weights) they are preempted too, and recompute theirs on the new weights
+        await engine.reset_prefix_cache(reset_running_requests=self._swapping)
         await engine.update_weight_version(str(version))
         self.version = version
+
+    async def swap_weights(self, path: str, version: int) -> None:
+        """Partial rollouts: requests in flight are frozen (``pause_generation(mode=
+        "keep")``), the weights reloaded, and they resume on the new ones, recomputing
+        what they have generated so far; vLLM labels each token with the weight version
+        that sampled it (``weight_versions``)."""
+        engine = self._engine()
+        await engine.pause_generation(mode="keep", clear_cache=False)
+        self._swapping = True
+        try:
+            await self.load_weights(path, version)
+        finally:
+            self._swapping = False
+            await engine.resume_generation()
 
     async def pause(self) -> None:
         # "wait": in-flight requests finish on the current weights; new ones queue
