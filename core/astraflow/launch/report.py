@@ -21,6 +21,7 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
     train, evals = by_policy(records, "train"), by_policy(records, "eval")
+    refreshes = by_policy(records, "refresh")
     _plot(run_dir, train, evals)
     counts = status.get("policies", {})
     summary: dict[str, Any] = {"run_dir": str(run_dir), "wall_seconds": wall_seconds,
@@ -47,9 +48,25 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             # what start-up costs: from the launcher's start to the end of step 1
             "first_step_seconds": (min(r["time"] for r in tr) - started
                                    if tr and started is not None else None),
+            "refresh": _refresh_summary(refreshes.get(policy, [])),
         }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _refresh_summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """How soon new weights served on the nodes: seconds from each version's publication
+    to a node serving it (mean, 90th percentile, max) and seconds each load took."""
+    delays = sorted(r["since_published"] for r in loads
+                    if r.get("since_published") is not None and r["version"] > 0)
+    took = [r["load_seconds"] for r in loads if r["version"] > 0]
+    if not delays:
+        return {"loads": len(took)}
+    return {"loads": len(took),
+            "since_published_mean": round(sum(delays) / len(delays), 4),
+            "since_published_p90": delays[min(len(delays) - 1, int(0.9 * len(delays)))],
+            "since_published_max": delays[-1],
+            "load_seconds_mean": round(sum(took) / len(took), 4)}
 
 
 def _wait_fraction(train: list[dict[str, Any]]) -> float | None:

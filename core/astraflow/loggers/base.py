@@ -19,15 +19,16 @@ from astraflow.plugins import get_registry, typed_config
 
 log = logging.getLogger("astraflow.loggers")
 #: record keys that locate a record rather than measure anything
-_NOT_METRICS = {"step", "time", "version", "kind", "policy"}
+_NOT_METRICS = {"step", "time", "version", "kind", "policy", "node"}
 
 
 def scalars(record: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
     """A record as (step, {name: value}): a train record's numbers as
     ``POLICY/train/KEY`` at its step, an eval record's as ``POLICY/eval/KEY`` at the
-    policy version it measured; other records (launcher events) give None."""
+    policy version it measured, a node's weight load as ``POLICY/refresh/KEY`` at the
+    version loaded; other records (launcher events) give None."""
     kind, policy = record.get("kind"), record.get("policy")
-    if kind not in ("train", "eval") or policy is None:
+    if kind not in ("train", "eval", "refresh") or policy is None:
         return None
     step = record.get("step" if kind == "train" else "version")
     if not isinstance(step, int):

@@ -245,7 +245,8 @@ class RaaSNode:
         from astraflow.weights.store import MANIFEST
 
         created = json.loads((path / MANIFEST).read_text()).get("created")
-        record = {"time": time.time(), "node": self.name, "policy": policy, "version": version,
+        record = {"kind": "refresh", "time": time.time(), "node": self.name,
+                  "policy": policy, "version": version,
                   "load_seconds": round(load_seconds, 4),
                   "since_published": round(time.time() - created, 4) if created else None}
         self.refreshes.append(record)

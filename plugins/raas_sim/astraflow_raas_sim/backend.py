@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,13 @@ def weights_digest(directory: str | Path) -> bytes:
 
 
 class SimRolloutBackend(Pausable, RolloutBackend):
-    """A simulator: its rewards carry no signal, its latency is the configured one."""
+    """A simulator: its rewards carry no signal, its latency is the configured one.
+
+    A sample's token ``k`` is due ``generation_seconds + (k + 1) * token_seconds`` after
+    its call started; weights swapped under a call (partial rollouts) label the tokens
+    due after the swap with the new version."""
+
+    supports_partial_rollouts = True
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)
@@ -47,6 +54,8 @@ class SimRolloutBackend(Pausable, RolloutBackend):
         self._idle = asyncio.Event()
         self._digest = b""
         self._vocab: list[int] = []
+        #: (when, version) of each weight load, newest last
+        self._loads: list[tuple[float, int]] = []
 
     async def start(self) -> None:
         from astraflow.text import load_tokenizer
@@ -70,13 +79,14 @@ class SimRolloutBackend(Pausable, RolloutBackend):
         self._in_flight += 1
         self._idle.clear()
         try:
+            started = time.monotonic()
             out = [self._sample(request, i) for i in range(request.n)]
             longest = max((len(g.token_ids) for g in out), default=0)
             delay = (self.config.generation_seconds + self.config.token_seconds * longest
                      + self.config.env_seconds)
             if delay > 0:
                 await asyncio.sleep(delay)
-            return out
+            return [self._label(gen, started) for gen in out]
         finally:
             self._in_flight -= 1
             if not self._in_flight:
@@ -102,9 +112,30 @@ class SimRolloutBackend(Pausable, RolloutBackend):
                 break
         return Generation(ids, logprobs, finish, self.version)
 
+    def _label(self, gen: Generation, started: float) -> Generation:
+        """Each token's version: the newest loaded before the token was due."""
+        swaps = [(t, v) for t, v in self._loads if t > started]
+        if not swaps:
+            return gen
+        first = self.config.generation_seconds + started
+        versions = []
+        for k in range(len(gen.token_ids)):
+            due = first + (k + 1) * self.config.token_seconds
+            versions.append(max((v for t, v in swaps if t <= due), default=gen.version))
+        if len(set(versions)) == 1:  # every token came after the load
+            return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, versions[0])
+        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, min(versions),
+                          versions)
+
     async def load_weights(self, path: str, version: int) -> None:
         self._digest = await asyncio.to_thread(weights_digest, path)
         self.version = version
+        self._loads = [*self._loads[-15:], (time.monotonic(), version)]
+
+    async def swap_weights(self, path: str, version: int) -> None:
+        """Partial rollouts: the calls under way are not waited for; their tokens due
+        after this load carry ``version``."""
+        await self.load_weights(path, version)
 
     async def shutdown(self) -> None:
         self._open.clear()
