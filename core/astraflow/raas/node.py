@@ -192,9 +192,9 @@ class RaaSNode:
         self.in_flight = 0
         self.turnaround: float | None = None
         self._refresh_lock = asyncio.Lock()
-        #: each load: its version, seconds after publication, seconds the load took
-        self.refreshes: list[dict[str, Any]] = []
-        self.refresh_log: Path | None = Path(work_dir) / "metrics" / (
+        #: one line per weight load: its version, seconds after its publication, seconds
+        #: the load took
+        self.refresh_log = Path(work_dir) / "metrics" / (
             "refresh-" + self.name.replace(os.sep, "_") + ".jsonl")
 
     async def start(self) -> None:
@@ -249,11 +249,9 @@ class RaaSNode:
                   "policy": policy, "version": version,
                   "load_seconds": round(load_seconds, 4),
                   "since_published": round(time.time() - created, 4) if created else None}
-        self.refreshes.append(record)
-        if self.refresh_log is not None:
-            self.refresh_log.parent.mkdir(parents=True, exist_ok=True)
-            with self.refresh_log.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+        self.refresh_log.parent.mkdir(parents=True, exist_ok=True)
+        with self.refresh_log.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
         log.info("node %s: %s now at version %d (%.2f s after its publication; load %.2f s)",
                  self.name, policy, version, record["since_published"] or 0.0, load_seconds)
 

@@ -6,6 +6,7 @@ checks live in the same class and reuse it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -72,6 +73,47 @@ class TestVLLMRolloutContract(RolloutBackendContract):
         loop, backend = engine
         gens = loop.run(backend.generate(self._req(tiny_model_dir, temperature=0.0, n=3)))
         assert len(gens) == 3 and gens[0] == gens[1] == gens[2]
+
+    def test_a_swap_lands_under_a_running_request(self, engine, tiny_model_dir, tmp_path):
+        """Partial rollouts on vLLM: a request that has generated tokens is frozen, the
+        weights reloaded, and it goes on with them. Its tokens before the swap are exactly
+        what the old weights sample alone (greedy) and are labelled old; the rest new."""
+        import uuid
+
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        from astraflow.testing.rollout import LONG
+
+        loop, backend = engine
+        old = backend.version
+        req = self._req(tiny_model_dir, "12+30=", temperature=0.0, max_new_tokens=LONG,
+                        stop_token_ids=[0])  # padding: never sampled, the whole length runs
+        alone = loop.run(backend.generate(req))[0]
+        noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy", scale=0.05)
+        params = backend.sampling_params(req)
+        params.output_kind = RequestOutputKind.CUMULATIVE
+
+        async def scenario():
+            swap = None
+            stream = backend.engine.generate(tokens_input(list(req.prompt_ids)), params,
+                                             request_id=uuid.uuid4().hex)
+            async for out in stream:  # a cumulative output per engine step
+                if swap is None and len(out.outputs[0].token_ids) >= 8:
+                    swap = asyncio.ensure_future(backend.swap_weights(str(noisy), old + 1))
+                last = out
+            await swap
+            await backend.swap_weights(tiny_model_dir, old + 2)
+            return backend._generation(last.outputs[0])
+
+        gen = loop.run(scenario())
+        versions = gen.versions()
+        switch = versions.index(old + 1)
+        assert len(gen.token_ids) == LONG and 8 <= switch < LONG and gen.version == old
+        assert versions == [old] * switch + [old + 1] * (LONG - switch)
+        assert gen.token_ids[:switch] == alone.token_ids[:switch]
+        assert gen.logprobs[:switch] == pytest.approx(alone.logprobs[:switch], abs=1e-4)
+        assert gen.token_ids != alone.token_ids  # the new weights sampled the rest
 
 
 def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_model_dir):
