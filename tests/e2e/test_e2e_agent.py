@@ -64,7 +64,9 @@ async def run(task, client):
 def test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on(tmp_path):
     (tmp_path / "agent.py").write_text(HANGING_AGENT)
     run_dir = tmp_path / "run"
-    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.timeout=3",
+    # 10 s: the agent builds an OpenAI client (a TLS context, ~0.1 s of CPU) per rollout,
+    # 128 at once at the start; a 3 s limit failed every early rollout on a busy machine
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.timeout=10",
            "reward.max_failure_fraction=0.9", *SMOKE, f"run_dir={run_dir}")
     assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")

@@ -109,20 +109,45 @@ class AgentProcesses:
         self.deaths_in_a_row = 0
         self.gave_up: str | None = None
 
+    async def ready(self) -> None:
+        """Start every worker not running and wait until each has imported the agent:
+        a rollout's ``agent.timeout`` counts the agent's own time, not a worker's start
+        (seconds for Python and the agent's imports, more on a busy machine)."""
+        async with self._lock:
+            if self.gave_up:
+                raise AgentFailed(self.gave_up)
+            for slot, worker in enumerate(self.workers):
+                if worker is None:
+                    await self._start(slot)
+
     async def _worker(self) -> _Worker:
         async with self._lock:
             if self.gave_up:
                 raise AgentFailed(self.gave_up)
             slot = min(range(len(self.workers)), key=lambda i: -1 if self.workers[i] is None
                        else len(self.workers[i].pending))
-            worker = self.workers[slot]
-            if worker is None:
-                proc = await asyncio.create_subprocess_exec(
-                    *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    limit=64 * 1024 * 1024)
-                worker = self.workers[slot] = _Worker(proc)
-                worker.reader = asyncio.create_task(self._read(slot, worker))
-            return worker
+            return self.workers[slot] or await self._start(slot)
+
+    async def _start(self, slot: int) -> _Worker:
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            limit=64 * 1024 * 1024)
+        assert proc.stdout is not None
+        if not await proc.stdout.readline():  # it says it is ready once the agent imported
+            code = await proc.wait()
+            self._died(code)
+            raise AgentFailed(f"the agent's worker process exited with code {code} while "
+                              "loading the agent (its output is above)")
+        worker = self.workers[slot] = _Worker(proc)
+        worker.reader = asyncio.create_task(self._read(slot, worker))
+        return worker
+
+    def _died(self, code: int) -> None:
+        self.deaths_in_a_row += 1
+        if self.deaths_in_a_row > len(self.workers):
+            self.gave_up = (f"the agent's worker processes exited {self.deaths_in_a_row} "
+                            f"times in a row (last code {code}) without finishing a "
+                            "rollout; not started again")
 
     async def _read(self, slot: int, worker: _Worker) -> None:
         assert worker.proc.stdout is not None
@@ -138,13 +163,9 @@ class AgentProcesses:
                 future.set_result(message["result"])
         code = await worker.proc.wait()
         self.workers[slot] = None
-        self.deaths_in_a_row += 1
+        self._died(code)
         why = (f"the agent's worker process exited with code {code} (its output is above)"
                " while running this rollout")
-        if self.deaths_in_a_row > len(self.workers):
-            self.gave_up = (f"the agent's worker processes exited {self.deaths_in_a_row} "
-                            f"times in a row (last code {code}) without finishing a "
-                            "rollout; not started again")
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(AgentFailed(why))
@@ -280,6 +301,8 @@ class AgentWorkflow(Workflow):
         client = ClientConfig(f"{gateway.url}/v1", session.key, self.roles[0],
                               list(self.roles))
         try:
+            if self.processes is not None:
+                await self.processes.ready()  # not on the agent's clock
             result = await asyncio.wait_for(self._call_agent(task, client), self.timeout)
             score = await self._score(task, result, session.final_text)
         except TimeoutError:

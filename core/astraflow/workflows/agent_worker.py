@@ -120,6 +120,7 @@ def main(argv: list[str]) -> None:
     from astraflow.rewards.python import load_function
 
     function = load_function(path, name, "agent")[2]
+    out.write(b'{"ready": true}\n')  # the node starts the agent's clock from here
     asyncio.run(serve(function, out))
 
 
