@@ -107,15 +107,16 @@ class ServedPolicy:
         if adapter is None and partial:
             await self.backend.swap_weights(str(path), version)
             return
+        if adapter is not None:  # checked and laid out before the engine pauses
+            model_path = self.backend.model_path
+            await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
+            await asyncio.to_thread(write_peft_dir, path, adapter)
         await self.backend.pause()
         try:
             if adapter is None:
                 await self.backend.load_weights(str(path), version)
-                return
-            model_path = self.backend.model_path
-            await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
-            await asyncio.to_thread(write_peft_dir, path, adapter)
-            await self.backend.load_adapter(self.name, str(path), version)
+            else:
+                await self.backend.load_adapter(self.name, str(path), version)
         finally:
             await self.backend.resume()
 
