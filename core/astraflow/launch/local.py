@@ -4,6 +4,8 @@ each a subprocess of ``python -m astraflow``; live progress; a run directory.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -358,13 +360,18 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
         workflow_cls = get_registry().get("workflow", cfg.workflow.name).load()
         examples = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
         cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-        out = cache / "models" / f"tiny-{cfg.task.name}-{cfg.workflow.name}-seed{cfg.seed}"
         model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
                                                         cfg.model))
         # as many passes over the task's own examples whatever else a workflow adds, so a
         # solver trained next to a verifier starts as strong as one trained alone
         model_cfg.warmstart_steps = math.ceil(
             model_cfg.warmstart_steps * len(examples) / max(len(tasks), 1))
+        # one folder per model settings: runs with other settings (a smoke run's 0 warm-up
+        # steps) rebuilt a shared folder under a run that had just loaded it
+        settings = hashlib.sha256(json.dumps(dataclasses.asdict(model_cfg), sort_keys=True,
+                                             default=str).encode()).hexdigest()[:10]
+        out = cache / "models" / (f"tiny-{cfg.task.name}-{cfg.workflow.name}-seed{cfg.seed}"
+                                  f"-{settings}")
         try:
             cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
                                              warmstart_tasks=examples)
