@@ -414,6 +414,9 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     try:
         job.start_dataflow()
         job.start_components()
+        # after the components started, not before: a logger's library may import torch
+        # (tensorboardX does), seconds the launcher would keep them waiting
+        loggers.open()
         learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
         autoscalers = job.autoscalers() if cfg.autoscale else []
         rewards = RewardWatch(job)

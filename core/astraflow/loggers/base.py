@@ -117,9 +117,9 @@ class Loggers:
         self.cfg, self.run_dir = cfg, run_dir
         self.loggers: dict[str, MetricLogger] | None = None
 
-    def _open(self) -> dict[str, MetricLogger]:
-        """The loggers, made when there is a first record to give them: their libraries
-        (tensorboardX imports torch) then load after the run's start-up, not during it."""
+    def open(self) -> dict[str, MetricLogger]:
+        """Make the loggers (once): their libraries load now (tensorboardX imports
+        torch), so the launcher calls it once the components are starting."""
         if self.loggers is None:
             run_config = OmegaConf.to_container(self.cfg, resolve=True)
             self.loggers = {}
@@ -131,7 +131,7 @@ class Loggers:
         return self.loggers
 
     def _each(self, what: str, *args: Any) -> None:
-        loggers = self._open()
+        loggers = self.open()
         for name, logger in list(loggers.items()):
             try:
                 getattr(logger, what)(*args)
@@ -145,5 +145,7 @@ class Loggers:
             self._each("log", records)
 
     def close(self) -> None:
+        if self.loggers is None:  # the run stopped before its components started
+            return
         self.update()
         self._each("close")
