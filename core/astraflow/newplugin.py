@@ -170,6 +170,16 @@ def _files(name: str, kind_name: str) -> dict[str, str]:
     contract_cls = kind.contract.rsplit(" ", 1)[-1]
     option_attr = ("backend_name" if kind_name in ("raas", "trainer") else "option")
     impl_file = f"{package}/impl.py"
+    # an engine's settings are judged before anything starts, without importing it
+    engine = kind_name in ("raas", "trainer")
+    check_block = f'''
+def check_config(config) -> None:
+    """Judge ``{group}.*`` without importing the engine (the launcher calls it before
+    anything starts, so keep heavy imports out): raise ValueError naming a setting this
+    engine cannot run."""
+
+''' if engine else ""
+    check_arg = ",\n             check=check_config" if engine else ""
     init = f'''\
 """``{group}={name}``: registers the option; the implementation is in impl.py, imported
 only when a run selects it."""
@@ -184,11 +194,11 @@ class {cls}Config{f"({config_base})" if config_base else ""}:
 
     name: str = "{name}"
 {kind.settings}
-
+{check_block}
 @hookimpl
 def {hook}(register):
     register("{name}", "{package}.impl:{cls}", {cls}Config,
-             description="TODO: say in one line what {name} does.")
+             description="TODO: say in one line what {name} does."{check_arg})
 '''
     impl = f'''\
 """``{group}={name}``: the {kind.base} contract (astraflow.contracts.{kind.base})."""
