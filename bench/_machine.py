@@ -14,3 +14,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def launch(name: str, overrides: list[str], root: Path) -> tuple[dict, list[dict], float]:
+    """``python -m astraflow`` in ``root/name``: its summary, its metric records, and the
+    seconds per step from the end of step 1 to the end of the last (start-up left out)."""
+    import json
+    import subprocess
+    import sys
+
+    run_dir = root / name
+    proc = subprocess.run([sys.executable, "-m", "astraflow", f"run_dir={run_dir}",
+                           "launcher.progress=false", *overrides],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    train = [r for r in records if r["kind"] == "train"]
+    steps = max(r["step"] for r in train)
+    first = min(r["time"] for r in train if r["step"] == 1)
+    last = max(r["time"] for r in train if r["step"] == steps)
+    return summary, records, (last - first) / max(steps - 1, 1)

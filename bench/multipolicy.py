@@ -26,35 +26,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_model, launch
 
 RESULTS = Path(__file__).parent / "results" / "multipolicy.json"
 
 
 def run(name: str, overrides: list[str], root: Path) -> dict:
-    run_dir = root / name
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "astraflow", f"run_dir={run_dir}",
-                           "launcher.progress=false", *overrides],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    summary, records, per_step = launch(name, overrides, root)
     train = [r for r in records if r["kind"] == "train"]
     steps = max(r["step"] for r in train)
-    first = min(r["time"] for r in train if r["step"] == 1)
-    last = max(r["time"] for r in train if r["step"] == steps)
     waits = sum(r["wait_seconds"] for r in train)
     busy = sum(r["wait_seconds"] + r["step_seconds"] for r in train)
     out = {
-        "seconds_per_iteration": (last - first) / max(steps - 1, 1),
+        "seconds_per_iteration": per_step,
         "steps": steps,
         "trainer_wait_fraction": waits / busy if busy else 0.0,
         "wall_seconds": time.time() - started,

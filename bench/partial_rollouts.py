@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cpu_model, launch
 
 RESULTS = Path(__file__).parent / "results" / "partial_rollouts.json"
 
@@ -52,24 +50,14 @@ def ledger_holds(summary: dict) -> bool:
 
 
 def run(name: str, overrides: list[str], root: Path) -> dict:
-    run_dir = root / name
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "astraflow", f"run_dir={run_dir}",
-                           "launcher.progress=false", *overrides],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    train = [r for r in records if r["kind"] == "train"]
-    steps = max(r["step"] for r in train)
-    first = min(r["time"] for r in train if r["step"] == 1)
-    last = max(r["time"] for r in train if r["step"] == steps)
+    summary, records, per_step = launch(name, overrides, root)
+    steps = max(r["step"] for r in records if r["kind"] == "train")
     policy = summary["policies"]["policy"]
     refresh = policy["refresh"]
     loads = [r for r in records if r["kind"] == "refresh" and r["version"] > 0]
     out = {
-        "seconds_per_step": (last - first) / max(steps - 1, 1),
+        "seconds_per_step": per_step,
         "steps": steps,
         "trainer_wait_fraction": policy["trainer_wait_fraction"],
         "trained_fraction": policy["trained_fraction"],

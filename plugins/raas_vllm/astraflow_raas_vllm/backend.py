@@ -77,7 +77,6 @@ def tensor_shapes(directory: str) -> dict[str, list[int]]:
 class VLLMRolloutBackend(RolloutBackend):
     supports_adapters = True
     supports_partial_rollouts = True
-    _swapping = False
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -211,6 +210,9 @@ class VLLMRolloutBackend(RolloutBackend):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     async def load_weights(self, path: str, version: int) -> None:
+        await self._reload(path, version, keep_requests=False)
+
+    async def _reload(self, path: str, version: int, keep_requests: bool) -> None:
         engine = self._engine()
         shapes = tensor_shapes(path)
         if shapes != self._shapes:
@@ -224,7 +226,7 @@ class VLLMRolloutBackend(RolloutBackend):
         await engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
         # cached KV came from the old weights; with requests kept across the load
         # (swap_weights) they are preempted too, and recompute theirs on the new weights
-        await engine.reset_prefix_cache(reset_running_requests=self._swapping)
+        await engine.reset_prefix_cache(reset_running_requests=keep_requests)
         await engine.update_weight_version(str(version))
         self.version = version
 
@@ -235,11 +237,9 @@ class VLLMRolloutBackend(RolloutBackend):
         that sampled it (``weight_versions``)."""
         engine = self._engine()
         await engine.pause_generation(mode="keep", clear_cache=False)
-        self._swapping = True
         try:
-            await self.load_weights(path, version)
+            await self._reload(path, version, keep_requests=True)
         finally:
-            self._swapping = False
             await engine.resume_generation()
 
     async def pause(self) -> None:
