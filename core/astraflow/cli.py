@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         # the overrides alone: Hydra's own flags (--cfg job) are not overrides to compose
         said = _unknown_setting(exc, _hydra_flags(argv)[3]) or _unknown_option(exc) or exc
+        cause = exc.__cause__
+        if said is exc and cause is not None:  # "Error merging override X=Y": say why
+            said = f"{exc}: {str(cause).splitlines()[0]}"
         print(f"astraflow: config error: {said}",
               file=sys.stderr)
         code = 2

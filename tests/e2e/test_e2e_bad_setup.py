@@ -195,3 +195,15 @@ def test_a_mistyped_environment_latency_is_refused_before_anything_starts(tmp_pa
     line = refused(launch(tmp_path, "workflow.latency.kind=lognormla"), tmp_path)
     assert line == ("astraflow: error: workflow.latency.kind='lognormla'; choose none, "
                     "fixed or lognormal")
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("partial_rollouts=ture", "Value 'ture' is not a valid bool"),
+    ("node_concurrency=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+])
+def test_a_value_of_the_wrong_type_says_why(tmp_path, override, said):
+    proc = launch(tmp_path, override)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and override in lines[0] and said in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
