@@ -58,3 +58,27 @@ def test_the_unacknowledged_batch_is_acknowledged_not_retrained(tmp_path, tiny_m
     # trained the second batch (retraining would have left it unconsumed at steps=2)
     assert [r["step"] for r in records] == [2]
     assert status["consumed"] == 16 and status["outstanding_batches"] == 0
+
+
+def test_a_trainer_killed_between_its_checkpoint_renames_resumes_and_saves_again(
+        tmp_path, tiny_model_dir):
+    cfg = compose_config([f"run_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3",
+                          "batch_size=8", "group_size=4"])
+    ckpt = tmp_path / "checkpoints" / "policy"
+    with BackgroundServer(settings_from_config(cfg), TOKEN) as srv, \
+            DataflowClient(srv.url, TOKEN) as feeder:
+        _feed(feeder, 6)  # three batches of 8
+        TrainerRuntime(cfg, srv.url, TOKEN, "policy", str(tmp_path)).run(steps=1)
+        # SIGKILL between the save's two renames: the last checkpoint is only in .old, and
+        # the next one was half written
+        ckpt.rename(ckpt.with_name("policy.old"))
+        (tmp_path / "checkpoints" / "policy.tmp").mkdir()
+        (tmp_path / "checkpoints" / "policy.tmp" / "shard").write_text("half")
+
+        TrainerRuntime(cfg, srv.url, TOKEN, "policy", str(tmp_path)).run(steps=3)
+        status = feeder.status()["policies"]["policy"]
+    records = [json.loads(line) for line in (tmp_path / "metrics-policy.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert json.loads((ckpt / "runtime.json").read_text())["step"] == 3
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["policy"]
+    assert status["consumed"] == 24 and status["outstanding_batches"] == 0

@@ -79,13 +79,15 @@ class TrainerRuntime:
         self.call("save_checkpoint", text=str(tmp))
         (tmp / "runtime.json").write_text(json.dumps({
             "version": self.version, "step": self.step, "batch_id": batch_id}))
+        old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
         if self.ckpt_dir.exists():
-            old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
-            os.replace(self.ckpt_dir, old)
-            os.replace(tmp, self.ckpt_dir)
+            # only a complete checkpoint is ever renamed into place, so with one there a
+            # leftover .old (a save killed between its renames or while removing it) is
+            # stale; a rename onto a non-empty folder would fail
             _rmtree(old)
-        else:
-            os.replace(tmp, self.ckpt_dir)
+            os.replace(self.ckpt_dir, old)
+        os.replace(tmp, self.ckpt_dir)
+        _rmtree(old)
 
     def _resume(self) -> bool:
         for candidate in (self.ckpt_dir, self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")):
