@@ -105,6 +105,12 @@ class AstraFlowConfig:
     #: go on with them from their next token (each token keeps the version that sampled
     #: it), instead of waiting for the longest to finish on the old ones (raas=hf, vllm)
     partial_rollouts: bool = False
+    #: seconds between a trainer's checkpoints (model and optimiser moments). In between,
+    #: each batch it trains on goes to a journal before it is acknowledged, and a
+    #: restarted trainer trains the journal's batches again on its last checkpoint, so
+    #: none is lost or trained twice; a longer interval costs less and makes a restart
+    #: longer. 0: a checkpoint at every step
+    checkpoint_interval: float = 60.0
     #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
     #: with its step, so a step can be replayed offline (large: for debugging)
     record_batches: bool = False

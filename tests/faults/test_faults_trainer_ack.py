@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -82,3 +83,84 @@ def test_a_trainer_killed_between_its_checkpoint_renames_resumes_and_saves_again
     assert json.loads((ckpt / "runtime.json").read_text())["step"] == 3
     assert sorted(p.name for p in ckpt.parent.iterdir()) == ["policy"]
     assert status["consumed"] == 24 and status["outstanding_batches"] == 0
+
+
+def _final_weights(work_dir) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(work_dir / "final" / "policy" / "model.safetensors"))
+
+
+def test_a_trainer_killed_between_checkpoints_trains_its_journal_again_and_ends_the_same(
+        tmp_path, tiny_model_dir):
+    """With checkpoints far apart, the batches trained since the last one are not lost:
+    the restarted trainer ends with the very weights of a trainer never killed."""
+    runs = {}
+    for name, kill_at_ack in (("killed", 2), ("whole", None)):
+        work = tmp_path / name
+        cfg = compose_config([f"run_dir={work}", f"model.path={tiny_model_dir}", "steps=3",
+                              "batch_size=8", "group_size=4", "checkpoint_interval=3600"])
+        with BackgroundServer(settings_from_config(cfg), TOKEN) as srv, \
+                DataflowClient(srv.url, TOKEN) as feeder:
+            _feed(feeder, 6)  # three batches of 8
+            if kill_at_ack:
+                first = TrainerRuntime(cfg, srv.url, TOKEN, "policy", str(work))
+                acks, ack = [], first.client.ack_batch
+
+                def die(*args, ack=ack, acks=acks, at=kill_at_ack, **kwargs):
+                    acks.append(1)
+                    if len(acks) == at:
+                        raise Killed
+                    return ack(*args, **kwargs)
+
+                first.client.ack_batch = die
+                with pytest.raises(Killed):
+                    first.run(steps=3)
+                # killed at step 2's acknowledgement, with no checkpoint yet: both steps
+                # are only in the journal
+                assert not (work / "checkpoints" / "policy").exists()
+            restarted = threading.Thread(
+                target=TrainerRuntime(cfg, srv.url, TOKEN, "policy", str(work)).run,
+                kwargs={"steps": 3}, daemon=True)
+            restarted.start()
+            restarted.join(timeout=300)
+            # a trainer that lost a batch waits for one more than the three there are
+            assert not restarted.is_alive(), f"{name}: the trainer never reached step 3"
+            runs[name] = feeder.status()["policies"]["policy"]
+    assert runs["killed"]["consumed"] == runs["whole"]["consumed"] == 24
+    assert runs["killed"]["outstanding_batches"] == 0
+    killed, whole = _final_weights(tmp_path / "killed"), _final_weights(tmp_path / "whole")
+    assert killed.keys() == whole.keys()
+    for name, tensor in whole.items():
+        assert (killed[name] == tensor).all(), name
+    assert json.loads((tmp_path / "killed" / "checkpoints" / "policy" / "runtime.json"
+                       ).read_text())["step"] == 3
+    assert not (tmp_path / "killed" / "checkpoints" / "policy.journal").exists()
+
+
+def test_a_journal_record_cut_short_by_a_kill_is_dropped_and_the_next_append_reads(tmp_path):
+    from astraflow.trainer.journal import BatchJournal
+    from astraflow.types import Batch, TrainItem
+
+    def batch(i: int) -> Batch:
+        b = TrajectoryBuilder(f"task-{i}", "lease")
+        b.add_context([4, 5, 13])
+        b.add_generation("policy", Generation([5, 2], [-0.7, -0.2], "stop", i))
+        return Batch(f"batch-{i}", "policy", [TrainItem(b.build("policy", 1.0), 0.5)], i)
+
+    path = tmp_path / "policy.journal"
+    journal = BatchJournal(path)
+    journal.append(1, 1, batch(1))
+    journal.append(2, 2, batch(2))
+    journal.close()
+    whole = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:whole - 7])  # killed in the middle of record 2
+    recovered = BatchJournal(path).recover()
+    assert [(step, b.batch_id) for step, _v, b in recovered] == [(1, "batch-1")]
+    # float32, as the data layer serves them
+    assert recovered[0][2].items[0].trajectory.logprobs == pytest.approx(
+        batch(1).items[0].trajectory.logprobs, abs=1e-6)
+    again = BatchJournal(path)
+    again.append(2, 2, batch(3))
+    again.close()
+    assert [b.batch_id for _s, _v, b in BatchJournal(path).recover()] == ["batch-1", "batch-3"]

@@ -1,8 +1,10 @@
 """The trainer runtime: pull a batch -> train step -> publish weights -> acknowledge.
 
-To a trainer, AstraFlow is a streaming corpus plus a weight publication target. The
-runtime checkpoints before it acknowledges, so a trainer killed at any point resumes
-from its checkpoint and every batch it had not acknowledged is served again.
+To a trainer, AstraFlow is a streaming corpus plus a weight publication target. Before
+it acknowledges a batch, the runtime either checkpoints (every ``checkpoint_interval``
+seconds) or appends the batch to its journal (:mod:`astraflow.trainer.journal`), so a
+trainer killed at any point resumes from its checkpoint, trains the journal's batches
+again, and every batch it had not acknowledged is served again.
 
 A trainer of several ranks (``trainer.world_size`` > 1, started by ``torchrun``) runs
 this loop on rank 0 alone; the other ranks follow it (:mod:`astraflow.trainer.ranks`).
@@ -28,6 +30,7 @@ from astraflow.plugins import get_registry
 from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
 from astraflow.trainer import distributed
+from astraflow.trainer.journal import BatchJournal
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -43,6 +46,9 @@ class TrainerRuntime:
         self.client = DataflowClient(url, token)
         self.work_dir = Path(work_dir)
         self.ckpt_dir = self.work_dir / "checkpoints" / policy
+        self.journal = BatchJournal(self.work_dir / "checkpoints" / f"{policy}.journal")
+        #: when the last checkpoint was written (monotonic)
+        self.saved_at = time.monotonic()
         self.metrics_path = Path(metrics_path or self.work_dir / f"metrics-{policy}.jsonl")
         self.version = 0
         self.step = 0
@@ -87,7 +93,9 @@ class TrainerRuntime:
             _rmtree(old)
             os.replace(self.ckpt_dir, old)
         os.replace(tmp, self.ckpt_dir)
+        self.journal.clear()  # killed before this, the replay skips what the checkpoint holds
         _rmtree(old)
+        self.saved_at = time.monotonic()
 
     def _resume(self) -> bool:
         for candidate in (self.ckpt_dir, self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")):
@@ -97,8 +105,30 @@ class TrainerRuntime:
                 state = json.loads(meta.read_text())
                 self.version, self.step = state["version"], state["step"]
                 self.trained_batch = state.get("batch_id")
+                self._replay()
                 return True
-        return False
+        # before its first checkpoint a trainer holds model.path and fresh moments, which
+        # building it made again
+        return self._replay()
+
+    def _replay(self) -> bool:
+        """Train the journal's batches again, back to the state this trainer was killed
+        in; their versions were published already. Whether there were any."""
+        entries = [entry for entry in self.journal.recover() if entry[0] > self.step]
+        if not entries:
+            return False
+        t0 = time.time()
+        for step, version, batch in entries:
+            if step != self.step + 1:
+                raise RuntimeError(f"{self.journal.path}: step {step} follows step "
+                                   f"{self.step}; a record is missing")
+            self.call("train_step", batch)
+            self.step, self.version = step, version
+            self.trained_batch = batch.batch_id
+        log.info("trainer %s: trained the %d batches journalled since the checkpoint again "
+                 "(%.1f s), now at step %d", self.policy, len(entries), time.time() - t0,
+                 self.step)
+        return True
 
     def _log(self, record: dict[str, Any]) -> None:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +210,11 @@ class TrainerRuntime:
             t_trained = time.time()
             self._publish(publisher, self.version)
             t_published = time.time()
-            self._save(batch.batch_id)
+            if (time.monotonic() - self.saved_at >= self.cfg.checkpoint_interval
+                    or self.step >= steps):
+                self._save(batch.batch_id)
+            else:
+                self.journal.append(self.step, self.version, batch)
             t2 = time.time()
             rewards = [item.trajectory.reward for item in batch.items]
             self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
