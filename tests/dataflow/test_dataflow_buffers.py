@@ -274,8 +274,11 @@ def test_no_task_is_issued_whose_samples_a_running_step_would_make_stale(start_s
         for lease in c.lease_tasks(max_tasks=10, versions={"policy": version}):
             c.submit(lease, group(lease.task.task_id, [0.0, 1.0], version=version))
         c.announce_version("policy", version + 1)
-        c.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.1)
+        acked = c.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.1)
     info = c.status()["policies"]["policy"]
+    # what the trainer records after each step comes with the acknowledgement
+    assert acked["ledger"] == {"generated": info["generated"], "trained_fraction": 1.0,
+                               "dropped_stale_by_pool": {}, "reward_failed": 0}
     assert info["dropped_stale"] == 0
     assert info["trained"] == 6 * 4
     assert info["trained_fraction"] == 1.0

@@ -189,4 +189,5 @@ class BatchesMixin:
                               [rec.trainer_version - item.min_version for item in trained],
                               metrics or {})
         self._pulse_changed()
-        return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}
+        return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items),
+                "ledger": self.ledger(policy)}

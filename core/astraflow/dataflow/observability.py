@@ -43,6 +43,17 @@ class ObservabilityMixin:
         """Stale drops per policy and rollout pool: which pool lags too far behind."""
         return self.by_pool("dropped_stale")
 
+    def ledger(self, policy: str) -> dict[str, Any]:
+        """What a trainer records of its policy after each step (the acknowledgement's
+        reply carries it): cheaper than the whole status, which scans every task."""
+        stale = self.stale_by_pool()[policy]
+        produced = self.by_pool("produced")[policy]
+        consumed = self.by_pool("consumed")[policy]
+        got = self._yield(policy, produced, consumed, stale)
+        return {"generated": got["generated"], "trained_fraction": got["trained_fraction"],
+                "dropped_stale_by_pool": stale,
+                "reward_failed": self.counters[f"reward_failed:{policy}"]}
+
     def _yield(self, policy: str, produced: dict[str, int], consumed: dict[str, int],
                stale: dict[str, int]) -> dict[str, Any]:
         """How much of what the nodes generated for ``policy`` was trained on, in all

@@ -217,11 +217,12 @@ class TrainerRuntime:
                 self.journal.append(self.step, self.version, batch)
             t2 = time.time()
             rewards = [item.trajectory.reward for item in batch.items]
-            self.client.ack_batch(batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
-                                  metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
-                                           **{k: v for k, v in metrics.items()
-                                              if k in ("loss", "entropy", "grad_norm")}})
-            produced = self.client.status()["policies"][self.policy]
+            acked = self.client.ack_batch(
+                batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
+                metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
+                         **{k: v for k, v in metrics.items()
+                            if k in ("loss", "entropy", "grad_norm")}})
+            produced = acked["ledger"]
             staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
             # which rollout pools fed this step (heterogeneous and remote pools show here)
             pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
