@@ -36,6 +36,7 @@ from astraflow.dataflow.wire import (
     PayloadError,
     RegisterIn,
     SubmitIn,
+    SubmitManyIn,
     TasksIn,
     VersionIn,
     VersionsWaitIn,
@@ -185,6 +186,13 @@ def create_app(settings: DataflowSettings, token: str,
     async def submit(request: Request) -> Response:
         """Submit every policy's trajectories of one leased task (idempotent by task)."""
         return _reply(request, await service.submit(await _read(request, SubmitIn)))
+
+    @r.post("/v1/trajectories/many", openapi_extra=_body_doc(SubmitManyIn))
+    async def submit_many(request: Request) -> Response:
+        """Several leased tasks' submissions at once; ``results`` answers each in order,
+        as ``/v1/trajectories`` would, or with its ``error`` and ``status_code``."""
+        req = await _read(request, SubmitManyIn)
+        return _reply(request, {"results": await service.submit_many(req.submissions)})
 
     @r.post("/v1/batches", openapi_extra=_body_doc(BatchIn),
             responses={204: {"description": "not enough trajectories before the timeout"}})

@@ -219,6 +219,18 @@ class _Api:
         waiting), returned as ``leases`` (list of :class:`Lease`), like
         :meth:`lease_tasks` with the weight ``versions`` the node holds.
         """
+        return self.submit_body(self.submission(lease, trajectories, node_id, lease_more,
+                                                versions))
+
+    def submit_body(self, body: dict[str, Any]) -> Any:
+        """:meth:`submit` of a :meth:`submission` body."""
+        return self._do(_Call("POST", "/v1/trajectories", body, parse=self._submitted))
+
+    def submission(self, lease: Lease | str,
+                   trajectories: Sequence[Trajectory | dict[str, Any]],
+                   node_id: str | None = None, lease_more: int = 0,
+                   versions: dict[str, int] | None = None) -> dict[str, Any]:
+        """The body of :meth:`submit`, the unit :meth:`submit_many` sends several of."""
         body: dict[str, Any] = {
             "lease_id": lease if isinstance(lease, str) else lease.lease_id,
             "node_id": node_id or self.node_id,
@@ -227,15 +239,26 @@ class _Api:
         }
         if lease_more:
             body["lease"] = {"max_tasks": lease_more, "versions": versions or {}}
+        return body
 
-        def parse(data: dict[str, Any]) -> dict[str, Any]:
-            if "leases" in data:
-                self.backpressure = data.get("backpressure", {})
-                self.pace = data.get("pace", self.pace)
-                data["leases"] = [Lease.from_wire(x) for x in data["leases"]]
-            return data
+    def submit_many(self, submissions: Sequence[dict[str, Any]]) -> Any:
+        """Several :meth:`submission` bodies in one round trip; a list answering each in
+        order, as :meth:`submit` would, or with a :class:`DataflowError` for one the
+        data layer refused (the others are not refused with it)."""
 
-        return self._do(_Call("POST", "/v1/trajectories", body, parse=parse))
+        def parse(data: dict[str, Any]) -> list[Any]:
+            return [DataflowError(int(r["status_code"]), str(r["error"])) if "error" in r
+                    else self._submitted(r) for r in data["results"]]
+
+        return self._do(_Call("POST", "/v1/trajectories/many",
+                              {"submissions": list(submissions)}, parse=parse))
+
+    def _submitted(self, data: dict[str, Any]) -> dict[str, Any]:
+        if "leases" in data:
+            self.backpressure = data.get("backpressure", {})
+            self.pace = data.get("pace", self.pace)
+            data["leases"] = [Lease.from_wire(x) for x in data["leases"]]
+        return data
 
     def post_tasks(self, tasks: Sequence[Task]) -> Any:
         """Queue extra tasks (idempotent by task id)."""

@@ -49,6 +49,8 @@ class IntakeMixin:
             raise ServiceError(404, f"lease {lease_id!r} names an unknown task")
         if not 1 <= int(attempt) <= rec.attempt:
             raise ServiceError(409, f"lease {lease_id!r} was never issued")
+        if rec.state == "done":  # a submission of it is committing: this one is a duplicate
+            return None
         return rec
 
     async def submit(self, req: SubmitIn) -> dict[str, Any]:
@@ -72,6 +74,18 @@ class IntakeMixin:
         finally:
             leases = await more
         return {**out, **leases}
+
+    async def submit_many(self, reqs: list[SubmitIn]) -> list[dict[str, Any]]:
+        """Each submission as :meth:`submit` handles it alone, together so that they
+        share one store transaction; a refused one is answered with its error and
+        does not refuse the others."""
+        async def one(req: SubmitIn) -> dict[str, Any]:
+            try:
+                return await self.submit(req)
+            except ServiceError as exc:
+                return {"error": str(exc), "status_code": exc.status}
+
+        return list(await asyncio.gather(*(one(req) for req in reqs)))
 
     async def _lease_after(self, accept: asyncio.Future, req: LeaseIn) -> dict[str, Any]:
         if accept.done() and (accept.cancelled() or accept.exception() is not None):

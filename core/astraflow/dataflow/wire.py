@@ -125,6 +125,13 @@ class SubmitIn(_Model):
     lease: MoreLeases | None = None
 
 
+class SubmitManyIn(_Model):
+    """Several tasks' submissions in one request (a busy node's, gathered while its
+    previous request was in flight): each is handled as its own ``/v1/trajectories``."""
+
+    submissions: list[SubmitIn] = Field(min_length=1, max_length=1024)
+
+
 class BatchIn(_Model):
     policy: Name
     n: int = Field(ge=1, le=65_536)
@@ -171,6 +178,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     LeaseIn,
     TasksIn,
     SubmitIn,
+    SubmitManyIn,
     BatchIn,
     AckIn,
     EvalIn,

@@ -26,6 +26,7 @@ from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
+from astraflow.raas.submitter import Submitter
 from astraflow.rl.options import lora_rank
 from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import BaseMismatchError
@@ -177,6 +178,7 @@ class RaaSNode:
         self.options = options or NodeOptions()
         self.name = node_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.client = AsyncDataflowClient(url, token)
+        self.submitter = Submitter(self.client)
         # one weights directory per node: nodes sharing a work dir must not resume each
         # other's partial downloads or prune the version another node's engine is loading
         self.weights = WeightClient(url, token, os.path.join(
@@ -294,8 +296,8 @@ class RaaSNode:
                                  finished_at=time.time())
         versions = {p: b.version for p, b in self.backends.items()}
         more = more and self.in_flight <= self.target_in_flight()
-        out = await self.client.submit(lease, trajectories, lease_more=int(more),
-                                       versions=versions)
+        out = await self.submitter.submit(lease, trajectories, lease_more=int(more),
+                                          versions=versions)
         seconds = time.time() - started
         self.turnaround = seconds if self.turnaround is None else (
             self.turnaround + TURNAROUND_WEIGHT * (seconds - self.turnaround))
@@ -451,7 +453,8 @@ class RaaSNode:
                 await workflow.aclose()
             for engine in self.engines:
                 await engine.shutdown()
-            log.info("node %s left after %d rollouts", self.name, self.completed)
+            log.info("node %s left after %d rollouts, submitted in %d requests", self.name,
+                     self.completed, self.submitter.requests)
         if self.fatal is not None:
             raise self.fatal
 
