@@ -80,3 +80,30 @@ def test_failed_samples_are_kept_out_of_the_group_statistics():
 def test_extra_metrics_are_averaged_per_batch():
     metas = [{METRICS: {"len": 2.0}}, {METRICS: {"len": 4.0, "found": 1.0}}, {}]
     assert reward_metric_means(metas) == {"reward/found": 1.0, "reward/len": 3.0}
+
+
+def test_an_inline_reward_runs_on_the_event_loop_and_its_errors_still_fail_the_sample():
+    from astraflow.rewards.exact_match import ExactMatch
+
+    assert ExactMatch.inline
+    threads = []
+
+    class Inline:
+        inline = True
+
+        def __call__(self, task, completion):
+            threads.append(threading.current_thread())
+            if completion == "boom":
+                raise ValueError("no answer")
+            return float(completion == task.answer)
+
+    runner = RewardRunner(Inline(), timeout=2.0)
+    assert asyncio.run(runner.score(TASK, "4")).value == 1.0
+    failed = asyncio.run(runner.score(TASK, "boom"))
+    assert failed.failed and "ValueError: no answer" in failed.error
+    assert threads == [threading.main_thread()] * 2
+    # one that is not inline runs on the runner's threads
+    threads.clear()
+    Inline.inline = False
+    assert asyncio.run(runner.score(TASK, "4")).value == 1.0
+    assert threads[0] is not threading.main_thread()

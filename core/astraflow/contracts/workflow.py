@@ -108,6 +108,12 @@ class Reward(ABC):
     sample as failed (``reward.timeout``), never the rollout or the node.
     """
 
+    #: a reward that takes microseconds and cannot hang (a string comparison) is called
+    #: on the node's event loop, without a thread or a timeout: a thread per sample cost
+    #: the default job's node ~7% of a core. Leave False for anything that parses, runs
+    #: code, matches a user's pattern or calls out.
+    inline: bool = False
+
     def __init__(self, config: Any = None) -> None:
         self.config = config
 

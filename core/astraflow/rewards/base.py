@@ -95,6 +95,8 @@ class RewardRunner:
 
     async def score(self, task: Task, completion: str) -> Score:
         try:
+            if getattr(self.reward, "inline", False):
+                return as_score(self.reward(task, completion))
             result = await asyncio.wait_for(self._call(task, completion), self.timeout)
             return as_score(result)
         except Exception as exc:  # user code: anything it raises fails the sample only
