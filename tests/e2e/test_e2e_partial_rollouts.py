@@ -12,11 +12,13 @@ from astraflow.types import Batch
 
 def test_generations_in_flight_go_on_with_new_weights_and_say_so(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    # the simulated engine takes 30 ms a token, so generations of up to 32 tokens are
-    # under way whenever a version is published
+    # the simulated engine takes 10 ms a token and its lengths have a long tail (up to
+    # 128), so generations are under way whenever a version is published; with lengths
+    # all near one cap the tasks leased together finish together, arrive in one
+    # submission and are trained on before any new one starts
     proc = subprocess.run(
-        [sys.executable, "-m", "astraflow", "raas=sim", "raas.token_seconds=0.03",
-         "workflow.max_new_tokens=32", "partial_rollouts=true", "record_batches=true",
+        [sys.executable, "-m", "astraflow", "raas=sim", "raas.token_seconds=0.01",
+         "workflow.max_new_tokens=128", "partial_rollouts=true", "record_batches=true",
          "steps=6", "eval_every=6", "batch_size=16", "group_size=4",
          f"model.path={tiny_model_dir}", f"run_dir={run_dir}", "launcher.progress=false"],
         capture_output=True, text=True, timeout=600)
