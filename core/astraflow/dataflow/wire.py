@@ -449,6 +449,14 @@ def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def batch_to_wire(batch: Batch) -> dict[str, Any]:
+    """A batch as :func:`batch_from_wire` reads it (msgpack, arrays as binary)."""
+    return {"batch_id": batch.batch_id, "policy": batch.policy,
+            "items": [{**pack_trajectory(item.trajectory), "advantage": item.advantage}
+                      for item in batch.items],
+            "trainer_version": batch.trainer_version, "metadata": batch.metadata}
+
+
 def batch_from_wire(data: dict[str, Any]) -> Batch:
     items = []
     for raw in data["items"]:

@@ -22,18 +22,14 @@ from typing import Any
 
 import msgpack
 
-from astraflow.dataflow.wire import batch_from_wire, pack_trajectory
+from astraflow.dataflow.wire import batch_from_wire, batch_to_wire
 from astraflow.types import Batch
 
 _HEADER = struct.Struct("<I")
 
 
 def _pack(step: int, version: int, batch: Batch) -> bytes:
-    items = [{**pack_trajectory(item.trajectory), "advantage": item.advantage}
-             for item in batch.items]
-    body = msgpack.packb({"step": step, "version": version, "batch": {
-        "batch_id": batch.batch_id, "policy": batch.policy, "items": items,
-        "trainer_version": batch.trainer_version, "metadata": batch.metadata}})
+    body = msgpack.packb({"step": step, "version": version, "batch": batch_to_wire(batch)})
     return _HEADER.pack(len(body)) + body
 
 
