@@ -12,6 +12,7 @@ alone, and each caller gets its own answer or its own error.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ def _size(body: dict[str, Any]) -> int:
 class Submitter:
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._queue: list[tuple[dict[str, Any], asyncio.Future]] = []
+        self._queue: deque[tuple[dict[str, Any], asyncio.Future]] = deque()
         self._draining: asyncio.Task | None = None
         #: requests sent and submissions they carried (a node's log reports the ratio)
         self.requests = 0
@@ -52,7 +53,7 @@ class Submitter:
             size += _size(self._queue[0][0])
             if group and size > MAX_BYTES:
                 break
-            group.append(self._queue.pop(0))
+            group.append(self._queue.popleft())
         return group
 
     async def _drain(self) -> None:
