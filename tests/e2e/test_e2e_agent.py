@@ -64,13 +64,19 @@ async def run(task, client):
 def test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on(tmp_path):
     (tmp_path / "agent.py").write_text(HANGING_AGENT)
     run_dir = tmp_path / "run"
-    # 10 s: the agent builds an OpenAI client (a TLS context, ~0.1 s of CPU) per rollout,
-    # 128 at once at the start; a 3 s limit failed every early rollout on a busy machine
+    # The agent builds an OpenAI client per rollout (a TLS context: ~0.06 s of CPU), and
+    # a timed-out group's successors all start together. 16 tasks in flight (64 agents
+    # at once, on 2 cores shared with the trainer and the evaluator) took up to 9.6 s
+    # before their first request with one core busy elsewhere, and a slower machine
+    # timed out 95% of its rollouts; 4 tasks (16 agents) leave the 10 s limit to the hangs
     launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "agent.timeout=10",
-           "reward.max_failure_fraction=0.9", *SMOKE, f"run_dir={run_dir}")
+           "node_concurrency=4", "reward.max_failure_fraction=0.9", *SMOKE,
+           f"run_dir={run_dir}")
     assert run_summary(run_dir)["policy"]["steps"] == 3
     train = records(run_dir, "train")
-    assert sum(r["reward_failed"] for r in train) > 0
+    failed = sum(r["reward_failed"] for r in train)
+    # about 30% hang; the others answer well within the limit
+    assert 0 < failed < 0.6 * sum(r["train/sequences"] for r in train)
 
 
 TWO_POLICY_AGENT = '''
