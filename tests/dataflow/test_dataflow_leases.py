@@ -158,3 +158,22 @@ def test_a_submission_can_lease_the_next_tasks_in_the_same_round_trip(start_serv
     gone = node.submit(bad, group(bad.task.task_id, [0.0, 1.0]), lease_more=1)
     assert gone["status"] == "accepted" and gone["leases"] == []
     assert "register" in next(iter(gone["backpressure"].values()))
+
+
+def test_once_every_trainer_left_no_task_is_issued_until_one_returns(start_server, connect):
+    """The run is over (the trainer left after its last step) while nodes still serve
+    the final evaluation: a task leased now could only be generated to be dropped."""
+    server = start_server(task={"name": "arithmetic"}, group_size=2)
+    node, trainer = connect(server), connect(server)
+    node.register("raas")
+    trainer.register("trainer", policies=["policy"])
+    assert len(node.lease_tasks(max_tasks=2)) == 2
+    trainer.leave()
+    assert node.lease_tasks(max_tasks=2) == []
+    assert "every trainer is gone" in node.backpressure["policy"]
+    st = node.status()
+    assert st["policies"]["policy"]["trainer_gone"] is True
+    assert st["policies"]["policy"]["admission_refusals"]["trainer_gone"] >= 1
+    # a trainer that comes back (a restart) reopens admission
+    trainer.register("trainer", policies=["policy"])
+    assert len(node.lease_tasks(max_tasks=2)) == 2

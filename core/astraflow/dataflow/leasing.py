@@ -84,14 +84,23 @@ class LeasingMixin:
         turnaround over the trainer's measured step interval). Only tasks whose every
         sample keeps that within ``max_staleness`` and fits the buffer are issued, so
         nothing is generated to be dropped as stale: a node too far behind is told to
-        refresh, one too slow for the bound is told why.
+        refresh, one too slow for the bound is told why. Once every trainer is gone
+        (the run is over), nothing is issued at all.
         """
         s = self.settings
+        reasons: dict[str, str] = {}
+        live = [p for p in self.policies if not self._orphaned(p)]
+        if self.policies and not live:
+            # the run is over (or every trainer died): whatever is generated now could
+            # only be dropped; a returning trainer reopens admission
+            for policy in self.policies:
+                reasons[policy] = "every trainer is gone: nothing would train on new samples"
+                self.refusals[policy]["trainer_gone"] += 1
+            return 0, reasons
         in_flight = sum(1 for r in self.tasks.values() if r.state == "leased")
         allowed = 1 << 30
-        reasons: dict[str, str] = {}
         for policy, max_staleness in self.policies.items():
-            if self._orphaned(policy):
+            if policy not in live:  # it must not hold the live policies back
                 continue
             per_task = self._samples_per_task(policy)
             if per_task <= 0:
