@@ -84,9 +84,13 @@ def test_killing_one_policys_trainer_does_not_stop_the_other(solve_verify_job):
     job.procs["trainer-verifier"].kill()
     job.procs["trainer-verifier"].wait()
     frozen = job.status()["versions"]["verifier"]
-    solver_at_kill = job.status()["versions"]["solver"]
+    # the data layer notices the silence (heartbeat_timeout=3 s); the solver, at a step
+    # every ~0.2 s, may train a dozen steps before then
+    wait_until(lambda: job.status()["policies"]["verifier"]["trainer_gone"], 60,
+          "the verifier's trainer to be declared gone")
+    solver_at_gone = job.status()["versions"]["solver"]
     # well past the verifier's staleness budget: its queue would have stopped all rollouts
-    wait_until(lambda: job.status()["versions"]["solver"] >= solver_at_kill + 12, 300,
+    wait_until(lambda: job.status()["versions"]["solver"] >= solver_at_gone + 12, 300,
           "the solver to keep training")
     status = job.status()
     assert status["versions"]["verifier"] == frozen
