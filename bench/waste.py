@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -36,25 +35,19 @@ RESULTS = Path(__file__).parent / "results" / "waste.json"
 def run(engine: str, steps: int, root: Path) -> dict:
     summary, _records, per_step = launch(engine, [f"raas={engine}", f"steps={steps}"], root)
     policy = summary["policies"]["policy"]
-    pool = policy["by_pool"]
     generated, trained = policy["trajectories_generated"], policy["trajectories_trained"]
-    left_over = policy["trajectories_left_over"]
-    counters = dict(sqlite3.connect(root / engine / "store" / "dataflow.sqlite3")
-                    .execute("SELECT name, value FROM counters"))
-    dropped_stale = sum(p["dropped_stale"] for p in pool.values())
-    no_trainer = counters.get("dropped_no_trainer:policy", 0)
-    filtered = counters.get("filtered:policy", 0)
+    left_over, dropped = policy["trajectories_left_over"], policy["trajectories_dropped"]
     return {
         "steps": policy["steps"],
         "generated": generated,
         "trained": trained,
         "left_over": left_over,
-        "dropped_stale": dropped_stale,
-        "dropped_no_trainer": no_trainer,
-        "filtered": filtered,
+        "dropped_stale": dropped["stale"],
+        "dropped_no_trainer": dropped["no_trainer"],
+        "filtered": dropped["filtered"],
         "trained_fraction": policy["trained_fraction"],
         "trained_of_all_generated": round(trained / generated, 4) if generated else None,
-        "ledger_holds": generated == trained + left_over + dropped_stale + no_trainer + filtered,
+        "ledger_holds": generated == trained + left_over + sum(dropped.values()),
         "trainer_wait_fraction": policy["trainer_wait_fraction"],
         "seconds_per_step": per_step,
         "first_step_seconds": policy.get("first_step_seconds"),

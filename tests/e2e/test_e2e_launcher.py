@@ -38,6 +38,9 @@ def test_run_directory_holds_config_metrics_plot_and_summary(smoke_run):
     assert summary["trained_fraction"] == pytest.approx(
         summary["trajectories_trained"] / (summary["trajectories_generated"] - left), abs=1e-3)
     assert summary["by_pool"]["default"]["generated"] == summary["trajectories_generated"]
+    # and the ledger closes: every generated sample trained, left over or dropped (why)
+    assert summary["trajectories_generated"] == (
+        summary["trajectories_trained"] + left + sum(summary["trajectories_dropped"].values()))
     assert 0 <= summary["trainer_wait_fraction"] < 1
     for key in ("start_eval_accuracy", "final_eval_accuracy", "wall_seconds"):
         assert summary[key] is not None

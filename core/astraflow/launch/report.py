@@ -42,6 +42,11 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             # (reported as trajectories_left_over)
             "trained_fraction": counts.get(policy, {}).get("trained_fraction"),
             "trajectories_left_over": counts.get(policy, {}).get("pending", 0),
+            # the rest of the ledger: generated = trained + left over + these
+            "trajectories_dropped": {
+                "stale": counts.get(policy, {}).get("dropped_stale", 0),
+                "no_trainer": counts.get(policy, {}).get("dropped_no_trainer", 0),
+                "filtered": counts.get(policy, {}).get("filtered", 0)},
             "by_pool": counts.get(policy, {}).get("by_pool", {}),
             "trainer_wait_fraction": _wait_fraction(tr),
             "wall_seconds": wall_seconds,
