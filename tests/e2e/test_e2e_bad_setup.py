@@ -198,6 +198,15 @@ def test_a_mistyped_environment_latency_is_refused_before_anything_starts(tmp_pa
 
 
 @pytest.mark.parametrize(("override", "said"), [
+    ("dataflow.order=edff", "astraflow: error: dataflow.order='edff'; choose fifo or edf"),
+    ("policies.policy.max_staleness=-1", "astraflow: error: policies.policy.max_staleness=-1: "
+     "versions a sample may lag the weights it is trained on, 0 or more"),
+])
+def test_a_bad_data_layer_setting_is_refused_before_anything_starts(tmp_path, override, said):
+    assert refused(launch(tmp_path, override), tmp_path) == said
+
+
+@pytest.mark.parametrize(("override", "said"), [
     ("partial_rollouts=ture", "Value 'ture' is not a valid bool"),
     ("node_concurrency=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
 ])

@@ -48,12 +48,13 @@ class DataflowSettings:
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
-            raise ConfigError(f"dataflow order must be one of {ORDERS}, got {self.order!r}")
+            raise ConfigError(f"dataflow.order={self.order!r}; choose {' or '.join(ORDERS)}")
         if not self.policies:
             raise ConfigError("dataflow needs at least one policy")
         for name, staleness in self.policies.items():
             if int(staleness) < 0:
-                raise ConfigError(f"policy {name!r}: max_staleness must be >= 0, got {staleness}")
+                raise ConfigError(f"policies.{name}.max_staleness={staleness}: versions a sample "
+                                  "may lag the weights it is trained on, 0 or more")
         for key in ("group_size", "batch_size", "buffer_capacity"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"dataflow {key} must be >= 1, got {getattr(self, key)}")

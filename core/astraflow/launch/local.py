@@ -334,6 +334,11 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     if cfg.autoscale and not 1 <= cfg.min_nodes <= cfg.num_nodes <= cfg.max_nodes:
         raise ConfigError(f"autoscale needs 1 <= min_nodes <= num_nodes <= max_nodes; got "
                           f"{cfg.min_nodes}, {cfg.num_nodes}, {cfg.max_nodes}")
+    # the data layer's own checks (dataflow.order, max_staleness), here and not in its
+    # process: a mistake there stops the run before anything starts
+    from astraflow.dataflow.settings import settings_from_config
+
+    settings_from_config(cfg, store="unused")
     if cfg.checkpoint_interval < 0:
         raise ConfigError(f"checkpoint_interval={cfg.checkpoint_interval}: seconds between a "
                           "trainer's checkpoints, 0 or more (0: every step)")
