@@ -111,6 +111,10 @@ class AstraFlowConfig:
     #: none is lost or trained twice; a longer interval costs less and makes a restart
     #: longer. 0: a checkpoint at every step
     checkpoint_interval: float = 60.0
+    #: a trainer fetches its next batch while it trains on the current one, so a step
+    #: does not wait for the fetch; the batch fetched ahead is composed for the version
+    #: it will be trained at, so max_staleness holds as without
+    fetch_ahead: bool = True
     #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
     #: with its step, so a step can be replayed offline (large: for debugging)
     record_batches: bool = False

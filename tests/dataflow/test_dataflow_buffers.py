@@ -171,6 +171,47 @@ def test_unacknowledged_batch_is_served_again_after_trainer_restart(start_server
     assert (st["consumed"], st["buffered"], st["outstanding_batches"]) == (4, 0, 1)
 
 
+def test_a_batch_fetched_ahead_is_composed_for_the_version_it_will_be_trained_at(
+        start_server, connect):
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 1}, group_size=2)
+    c = connect(server)
+    c.register("raas")
+    c.announce_version("policy", 1)
+    for version in (0, 0, 1):  # two groups one version behind, one current
+        _lease_and_submit(c, lambda t, v=version: group(t, [0.0, 1.0], version=v))
+
+    def versions(batch):
+        return {i.trajectory.min_version for i in batch.items}
+
+    trainer = connect(server)
+    first = trainer.get_batch("policy", 2, timeout=1, trainer_id="t")
+    assert (first.trainer_version, versions(first)) == (1, {0})
+    # fetched while the first trains: it is trained at version 2, where max_staleness=1
+    # excludes the other version-0 group, so it gets the current one
+    ahead = trainer.get_batch("policy", 2, timeout=1, trainer_id="t", after=first.batch_id)
+    assert (ahead.trainer_version, versions(ahead)) == (2, {1})
+    assert c.status()["policies"]["policy"]["outstanding_batches"] == 2
+    with pytest.raises(DataflowError, match="already holds 2 unacknowledged") as err:
+        trainer.get_batch("policy", 2, timeout=0.1, trainer_id="t", after=ahead.batch_id)
+    assert err.value.status == 409
+
+    # a restarted trainer is served both again, in order, and then nothing new
+    restarted = connect(server)
+    again = restarted.get_batch("policy", 2, timeout=1, trainer_id="t")
+    assert again.batch_id == first.batch_id and again.metadata["redelivered"]
+    after = restarted.get_batch("policy", 2, timeout=1, trainer_id="t", after=again.batch_id)
+    assert after.batch_id == ahead.batch_id
+    restarted.ack_batch(first.batch_id)
+    # asked after a batch already acknowledged (its reply came late), the next held one
+    assert restarted.get_batch("policy", 2, timeout=1, trainer_id="t",
+                               after=first.batch_id).batch_id == ahead.batch_id
+    # the step publishes version 2: the version-0 group left behind is dropped as stale
+    assert c.announce_version("policy", 2)["dropped_stale"] == 2
+    restarted.ack_batch(ahead.batch_id)
+    st = c.status()["policies"]["policy"]
+    assert (st["consumed"], st["buffered"], st["outstanding_batches"]) == (4, 0, 0)
+
+
 def test_multi_policy_routing_with_token_masks(start_server, connect):
     server = start_server(task={"name": "arithmetic"}, policies={"solver": 2, "verifier": 2},
                           group_size=2)

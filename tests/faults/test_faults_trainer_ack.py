@@ -164,3 +164,41 @@ def test_a_journal_record_cut_short_by_a_kill_is_dropped_and_the_next_append_rea
     again.append(2, 2, batch(3))
     again.close()
     assert [b.batch_id for _s, _v, b in BatchJournal(path).recover()] == ["batch-1", "batch-3"]
+
+
+def test_the_trainer_fetches_its_next_batch_while_it_trains(tmp_path, tiny_model_dir):
+    """The next batch is served while a step trains, for the version it is trained at,
+    so a step does not wait for the fetch; every batch is trained once, in order."""
+    from astraflow.testing import wait_until
+
+    cfg = compose_config([f"run_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3",
+                          "batch_size=8", "group_size=4"])
+    trained: list[tuple[str, int, int]] = []
+    with BackgroundServer(settings_from_config(cfg), TOKEN) as srv, \
+            DataflowClient(srv.url, TOKEN) as feeder:
+        _feed(feeder, 6)  # three batches of 8
+
+        def held() -> int:
+            return feeder.status()["policies"]["policy"]["outstanding_batches"]
+
+        class Watched(TrainerRuntime):
+            def _build(self):
+                backend = super()._build()
+                step = backend.train_step
+
+                def train_step(batch):
+                    trained.append((batch.batch_id, batch.trainer_version, held()))
+                    if len(trained) < 3:  # the last step has no next batch to fetch
+                        wait_until(lambda: held() == 2, timeout=30,
+                                   what="the next batch served during the step")
+                    return step(batch)
+
+                backend.train_step = train_step
+                return backend
+
+        Watched(cfg, srv.url, TOKEN, "policy", str(tmp_path)).run(steps=3)
+        status = feeder.status()["policies"]["policy"]
+    assert len({batch_id for batch_id, _, _ in trained}) == 3
+    # each batch says the version it was trained at: 0, 1, 2
+    assert [version for _, version, _ in trained] == [0, 1, 2]
+    assert status["consumed"] == 24 and status["outstanding_batches"] == 0

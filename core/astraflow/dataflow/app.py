@@ -197,9 +197,11 @@ def create_app(settings: DataflowSettings, token: str,
     @r.post("/v1/batches", openapi_extra=_body_doc(BatchIn),
             responses={204: {"description": "not enough trajectories before the timeout"}})
     async def get_batch(request: Request) -> Response:
-        """Long-poll for a batch of n trajectories of one policy, advantages stamped."""
+        """Long-poll for a batch of n trajectories of one policy, advantages stamped;
+        ``after`` a batch the trainer holds unacknowledged, the next one (fetch ahead)."""
         req = await _read(request, BatchIn)
-        served = await service.get_batch(req.policy, req.n, req.timeout, req.trainer_id)
+        served = await service.get_batch(req.policy, req.n, req.timeout, req.trainer_id,
+                                         req.after)
         if served is None:
             return Response(status_code=204)
         return _batch_reply(request, *served)

@@ -28,31 +28,48 @@ from astraflow.dataflow.store import CONSUMED, SERVED
 from astraflow.dataflow.wire import unpack_trajectory
 from astraflow.types import Trajectory
 
+#: unacknowledged batches one trainer may hold: the one it trains on and the next,
+#: fetched while it trains so the step does not wait for the fetch
+PIPELINE_DEPTH = 2
+
 
 class BatchesMixin:
     """Mixed into DataflowService (see the module's docstring)."""
 
-    def _in_order(self, policy: str) -> Iterator[ItemRec]:
-        """Fresh items in serving order: arrival (FIFO) or staleness deadline (EDF)."""
-        fresh = self.fresh[policy].values()
+    def _in_order(self, policy: str, version: int) -> Iterator[ItemRec]:
+        """Fresh items in serving order, arrival (FIFO) or staleness deadline (EDF), that
+        are within the staleness bound at ``version`` (the one they would be trained at)."""
+        fresh: Iterator[ItemRec] = iter(self.fresh[policy].values())
+        if version > self.versions[policy]:  # fetched ahead: trained after this step's version
+            bound = version - self.policies[policy]
+            fresh = (r for r in fresh if r.min_version < 0 or r.min_version >= bound)
         if self.settings.order == "fifo":
-            return iter(fresh)
+            return fresh
         big = 1 << 62
         return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
                                                   r.id)))
 
+    def _train_version(self, policy: str, held: list[BatchRec]) -> int:
+        """The version a batch served now to a trainer holding ``held`` is trained at:
+        one more for each of its batches whose step has not published yet."""
+        now = self.versions[policy]
+        return now + sum(1 for rec in held if rec.trainer_version >= now)
 
-    async def _compose(self, policy: str, n: int) -> tuple[list[int], list[int]] | None:
-        """(fresh ids, replayed ids) for a batch of ``n``, or None if not enough yet."""
+    async def _compose(self, policy: str, n: int, version: int
+                       ) -> tuple[list[int], list[int]] | None:
+        """(fresh ids, replayed ids) for a batch of ``n`` trained at ``version``, or None
+        if not enough yet."""
         fresh = self.fresh[policy]
         if self.sampler is None:
             if len(fresh) < n:
                 return None
-            return [r.id for r in itertools.islice(self._in_order(policy), n)], []
+            ids = [r.id for r in itertools.islice(self._in_order(policy, version), n)]
+            return (ids, []) if len(ids) == n else None
         pool = self.replayable[policy]
         if not fresh or len(fresh) + len(pool) < n:
             return None
-        window = [r.id for r in itertools.islice(self._in_order(policy), max(4 * n, 256))]
+        window = [r.id for r in itertools.islice(self._in_order(policy, version),
+                                                 max(4 * n, 256))]
         replay_ids = list(pool)
         payloads = self._read_payloads([fresh[i] for i in window] + list(pool.values()))
         trajs: dict[int, Trajectory] = {}
@@ -65,7 +82,7 @@ class BatchesMixin:
             n,
             [trajs[i] for i in window if i in trajs],
             [trajs[i] for i in replay_ids if i in trajs],
-            self.versions[policy],
+            version,
         )
         fresh_ids = [ids_of[id(t)] for t in picked_fresh if ids_of.get(id(t)) in fresh]
         replay = [ids_of[id(t)] for t in picked_replay if ids_of.get(id(t)) in pool]
@@ -73,12 +90,16 @@ class BatchesMixin:
             return None
         return fresh_ids, replay
 
-    async def get_batch(self, policy: str, n: int, timeout: float, trainer_id: str
+    async def get_batch(self, policy: str, n: int, timeout: float, trainer_id: str,
+                        after: str | None = None
                         ) -> tuple[BatchRec, dict[int, bytes], bool] | None:
         """A batch of ``n`` for ``policy``, waiting up to ``timeout`` for enough items.
 
-        A trainer that asks again before acknowledging its previous batch (it
-        restarted, or lost the reply) gets that same batch again.
+        ``after``: the unacknowledged batch the trainer holds, to fetch the next one
+        while it trains on it (at most :data:`PIPELINE_DEPTH` held). A trainer asks
+        without ``after`` when it has no batch in hand: if it still holds unacknowledged
+        ones (it restarted, or lost the reply) it gets the oldest again, and asking after
+        it the next, so a restart is served the same batches in the same order.
         """
         self._policy(policy)
         if n > self.settings.buffer_capacity:
@@ -89,12 +110,21 @@ class BatchesMixin:
         while True:
             arrival = self._arrival[policy]
             async with self._policy_locks[policy]:
-                rec = self.outstanding.get((policy, trainer_id))
-                if rec is not None:
+                held = self.outstanding.get((policy, trainer_id), [])
+                ids = [rec.batch_id for rec in held]
+                following = ids.index(after) + 1 if after in ids else 0
+                if following < len(held):
+                    rec = held[following]
                     return rec, await self._batch_payloads(rec), True
-                picked = await self._compose(policy, n)
+                if len(held) >= PIPELINE_DEPTH:
+                    raise ServiceError(409, (
+                        f"trainer {trainer_id!r} already holds {len(held)} unacknowledged "
+                        f"batches of {policy!r} (at most {PIPELINE_DEPTH}): acknowledge "
+                        f"{ids[0]} first"))
+                version = self._train_version(policy, held)
+                picked = await self._compose(policy, n, version)
                 if picked is not None:
-                    rec, payloads = await self._serve(policy, trainer_id, *picked)
+                    rec, payloads = await self._serve(policy, trainer_id, version, *picked)
                     return rec, payloads, False
             remaining = give_up - time.monotonic()
             if remaining <= 0:
@@ -106,13 +136,13 @@ class BatchesMixin:
         return self._read_payloads([self.in_batches[i] for i in rec.items]
                                    + [pool[i] for i in rec.replay if i in pool])
 
-    async def _serve(self, policy: str, trainer_id: str, ids: list[int], replay: list[int]
-                     ) -> tuple[BatchRec, dict[int, bytes]]:
-        rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, self.versions[policy],
-                       time.time())
+    async def _serve(self, policy: str, trainer_id: str, version: int, ids: list[int],
+                     replay: list[int]) -> tuple[BatchRec, dict[int, bytes]]:
+        rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, version, time.time())
         taken = [self.fresh[policy].pop(i) for i in ids]
         self.in_batches.update((item.id, item) for item in taken)
-        self.outstanding[(policy, trainer_id)] = rec
+        held = self.outstanding.setdefault((policy, trainer_id), [])
+        held.append(rec)
         self.batches[rec.batch_id] = rec
 
         def job(conn: sqlite3.Connection) -> None:
@@ -132,7 +162,10 @@ class BatchesMixin:
             payloads = self._read_payloads(taken + [self.replayable[policy][i] for i in replay])
             await self.store.run(job)
         except Exception:
-            del self.outstanding[(policy, trainer_id)], self.batches[rec.batch_id]
+            held.remove(rec)
+            if not held:
+                del self.outstanding[(policy, trainer_id)]
+            del self.batches[rec.batch_id]
             for item in taken:
                 del self.in_batches[item.id]
                 self.fresh[policy][item.id] = item
@@ -178,7 +211,11 @@ class BatchesMixin:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
 
-        del self.batches[batch_id], self.outstanding[(policy, rec.trainer_id)]
+        held = self.outstanding[(policy, rec.trainer_id)]
+        held.remove(rec)
+        if not held:
+            del self.outstanding[(policy, rec.trainer_id)]
+        del self.batches[batch_id]
         self.acked.add(batch_id)
         await self.store.run(job, deltas)
         self.store.payloads.release(item.loc for item in evict)

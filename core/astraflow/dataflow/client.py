@@ -267,13 +267,17 @@ class _Api:
     # ---- batches and versions --------------------------------------------------------
 
     def get_batch(self, policy: str, n: int, timeout: float = 30.0,
-                  trainer_id: str = "trainer") -> Any:
+                  trainer_id: str = "trainer", after: str | None = None) -> Any:
         """A :class:`Batch` of ``n`` for ``policy``, or None after ``timeout`` s.
 
         Keep ``trainer_id`` stable across restarts: an unacknowledged batch is served
-        again to the same trainer id.
+        again to the same trainer id. ``after``: the id of a batch held unacknowledged,
+        to fetch the next while training on it (two at most).
         """
-        body = {"policy": policy, "n": n, "timeout": timeout, "trainer_id": trainer_id}
+        body: dict[str, Any] = {"policy": policy, "n": n, "timeout": timeout,
+                                "trainer_id": trainer_id}
+        if after is not None:
+            body["after"] = after
         return self._do(_Call("POST", "/v1/batches", body, timeout=timeout + self.timeout,
                               parse=lambda d: None if d is None else batch_from_wire(d)))
 

@@ -69,8 +69,9 @@ class LeasingMixin:
     def _steps_running(self, policy: str) -> int:
         """Batches of ``policy`` being trained on whose new version is not out yet:
         each puts one more version between a queued sample and its consumption."""
-        return sum(1 for (p, _t), rec in self.outstanding.items()
-                   if p == policy and self.versions[p] == rec.trainer_version)
+        now = self.versions[policy]
+        return sum(1 for (p, _t), held in self.outstanding.items() if p == policy
+                   for rec in held if rec.trainer_version >= now)
 
     def admission(self, held: dict[str, int], node_id: str | None = None
                   ) -> tuple[int, dict[str, str]]:

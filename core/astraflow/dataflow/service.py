@@ -93,7 +93,8 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         }
         #: fresh items served in a batch not yet acknowledged
         self.in_batches: dict[int, ItemRec] = {}
-        self.outstanding: dict[tuple[str, str], BatchRec] = {}
+        #: per (policy, trainer id), its unacknowledged batches in the order served
+        self.outstanding: dict[tuple[str, str], list[BatchRec]] = {}
         self.batches: dict[str, BatchRec] = {}
         self.acked: set[str] = set()
         #: accepted items per policy whose commit is under way (not yet in ``fresh``)
@@ -180,7 +181,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
                 self.replayable[policy][item_id] = rec
         for batch_id, policy, trainer_id, state, version, replay, created in conn.execute(
             "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at "
-            "FROM batches"
+            "FROM batches ORDER BY rowid"
         ):
             if state == "acked":
                 self.acked.add(batch_id)
@@ -189,7 +190,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
                 batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
                 version, created,
             )
-            self.outstanding[(policy, trainer_id)] = rec
+            self.outstanding.setdefault((policy, trainer_id), []).append(rec)
             self.batches[batch_id] = rec
         for name, state in conn.execute("SELECT name, state FROM plugin_state"):
             if name in self.algorithms:

@@ -138,6 +138,9 @@ class BatchIn(_Model):
     timeout: float = Field(default=30.0, ge=0.0, le=300.0)
     #: stable per trainer (e.g. policy + rank): an unacknowledged batch is served to it again
     trainer_id: NodeId = "trainer"
+    #: the unacknowledged batch the trainer holds: serve the one after it (fetch ahead)
+    after: str | None = Field(default=None, min_length=1, max_length=64,
+                              pattern=r"^[0-9a-f]+$")
 
 
 #: a reported number: finite (JSON has no NaN), a metric name as key

@@ -49,6 +49,9 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
                 "filtered": counts.get(policy, {}).get("filtered", 0)},
             "by_pool": counts.get(policy, {}).get("by_pool", {}),
             "trainer_wait_fraction": _wait_fraction(tr),
+            # why leases were refused, by kind (staleness, turnaround, refresh_first...):
+            # where a trainer that waited for data should look first
+            "admission_refusals": counts.get(policy, {}).get("admission_refusals", {}),
             "wall_seconds": wall_seconds,
             # what start-up costs: from the launcher's start to the end of step 1
             "first_step_seconds": (min(r["time"] for r in tr) - started

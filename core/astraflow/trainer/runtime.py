@@ -186,10 +186,25 @@ class TrainerRuntime:
         log.info("trainer %s: starting at step %d, version %d", self.policy, self.step,
                  self.version)
         batch_size = self.cfg.batch_size
+        trainer_id = f"trainer-{self.policy}"
+
+        def fetch(after: str | None, client: Any = self.client) -> Any:
+            return client.get_batch(self.policy, batch_size, timeout=5.0,
+                                    trainer_id=trainer_id, after=after)
+
+        ahead = (_FetchAhead(self.url, self.token, fetch)
+                 if self.cfg.get("fetch_ahead", True) else None)
+        try:
+            self._steps(publisher, steps, fetch, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _steps(self, publisher: Any, steps: int, fetch: Any, ahead: _FetchAhead | None
+               ) -> None:
         t0 = time.time()  # waiting starts when the previous step ended, across long-polls
         while self.step < steps:
-            batch = self.client.get_batch(self.policy, batch_size, timeout=5.0,
-                                          trainer_id=f"trainer-{self.policy}")
+            batch = ahead.take() if ahead is not None and ahead.pending else fetch(None)
             if batch is None:
                 self.call.idle()  # the other ranks wait for rank 0's next call: not forever
                 continue
@@ -198,6 +213,10 @@ class TrainerRuntime:
                 self.trained_batch = None
                 t0 = time.time()
                 continue
+            if ahead is not None and self.step + 1 < steps:
+                # the next batch is composed and sent while this one trains (the data
+                # layer serves it for the version it will be trained at)
+                ahead.start(batch.batch_id)
             t1 = time.time()
             if self.cfg.get("record_batches"):
                 # the first step can come before the first metrics line made the folder
@@ -256,6 +275,48 @@ class TrainerRuntime:
         self.call("save_pretrained", text=str(final))
         log.info("trainer %s: done at version %d; final weights in %s", self.policy,
                  self.version, final)
+
+
+class _FetchAhead:
+    """Fetches the trainer's next batch on a thread of its own (with its own connection)
+    while the current one trains."""
+
+    def __init__(self, url: str, token: str, fetch: Any) -> None:
+        from astraflow.dataflow.client import DataflowClient
+
+        self.client = DataflowClient(url, token)
+        self._fetch = fetch
+        self._thread: threading.Thread | None = None
+        self._box: dict[str, Any] = {}
+
+    @property
+    def pending(self) -> bool:
+        return self._thread is not None
+
+    def start(self, after: str) -> None:
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["batch"] = self._fetch(after, self.client)
+            except BaseException as exc:  # raised again in the trainer's thread
+                box["error"] = exc
+
+        self._box = box
+        self._thread = threading.Thread(target=run, daemon=True, name="fetch-ahead")
+        self._thread.start()
+
+    def take(self) -> Any:
+        """The batch fetched ahead (None if none came within the long-poll)."""
+        assert self._thread is not None
+        self._thread.join()
+        self._thread = None
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["batch"]
+
+    def close(self) -> None:
+        self.client.close()
 
 
 class _Heartbeats:
