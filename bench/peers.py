@@ -27,7 +27,13 @@ environment call (``workflow.latency``, median ``--latency-median`` s, shape
 ``--latency-sigma``). AstraFlow waits for every sample on its own; TRL, a synchronous
 trainer, calls its reward once per generation batch and waits for the slowest sample.
 
+``--astraflow OVERRIDE...``: AstraFlow settings TRL has no counterpart for (how stale a
+sample may be, how many tasks a node keeps in flight), the one allowed difference
+between the two sides' configs; e.g. the latency job with
+``--astraflow policies.policy.max_staleness=12 node_concurrency=256``.
+
 Usage: python bench/peers.py [--steps 600] [--latency] [--skip-astraflow] [--skip-trl]
+       [--astraflow OVERRIDE...]
 Writes bench/results/peers.json (keys ``plain`` and ``latency``); the runs stay in
 runs/peers/.
 """
@@ -111,7 +117,10 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
-def run_astraflow(overrides: list[str], run_dir: Path, shared: Any) -> dict[str, Any]:
+def run_astraflow(overrides: list[str], run_dir: Path, shared: Any,
+                  own: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``own``: AstraFlow-only settings (``--astraflow``), the one allowed difference
+    between the config it resolves and the one TRL is given."""
     from omegaconf import OmegaConf
 
     log = run_dir.parent / f"{run_dir.name}.log"
@@ -119,7 +128,7 @@ def run_astraflow(overrides: list[str], run_dir: Path, shared: Any) -> dict[str,
     started = time.time()
     with log.open("w") as fh:
         proc = subprocess.run([sys.executable, "-m", "astraflow", f"run_dir={run_dir}",
-                               *overrides],
+                               *overrides, *own],
                               stdout=fh, stderr=subprocess.STDOUT)
     wall = time.time() - started
     if proc.returncode != 0:
@@ -128,9 +137,10 @@ def run_astraflow(overrides: list[str], run_dir: Path, shared: Any) -> dict[str,
     theirs = OmegaConf.to_container(shared)
     mine.pop("run_dir")
     theirs.pop("run_dir")
-    if mine != theirs:
-        differ = sorted(k for k in set(_flat(mine)) | set(_flat(theirs))
-                        if _flat(mine).get(k) != _flat(theirs).get(k))
+    allowed = {o.split("=", 1)[0].lstrip("+") + "." for o in own}
+    differ = sorted(k for k in set(_flat(mine)) | set(_flat(theirs))
+                    if _flat(mine).get(k) != _flat(theirs).get(k) and k not in allowed)
+    if differ:
         raise SystemExit("the AstraFlow run resolved another config than the one TRL is "
                          f"given: {', '.join(differ)}")
     policy = next(iter(shared.policies))
@@ -269,6 +279,9 @@ def main() -> None:
                         help="keep AstraFlow's last figures for this job (same steps)")
     parser.add_argument("--skip-trl", action="store_true",
                         help="keep TRL's last figures for this job (same steps)")
+    parser.add_argument("--astraflow", nargs="+", default=[], metavar="OVERRIDE",
+                        help="AstraFlow settings TRL has no counterpart for, e.g. "
+                             "policies.policy.max_staleness=8 node_concurrency=256")
     args = parser.parse_args()
     job = "latency" if args.latency else "plain"
     # launcher.progress=false: the run's log gets no progress bar (both sides' config)
@@ -295,7 +308,8 @@ def main() -> None:
         if "astraflow" in previous:
             sides["astraflow"] = previous["astraflow"]
     else:
-        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared)
+        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared,
+                                           tuple(args.astraflow))
     if args.skip_trl:
         if "trl" in previous:
             sides["trl"] = previous["trl"]
@@ -305,6 +319,7 @@ def main() -> None:
     rows = compare(sides, args.thresholds)
     report(job, sides, rows)
     results[job] = {"config": {"overrides": overrides, "threads": args.threads,
+                               "astraflow_overrides": args.astraflow,
                                "model": str(shared.model.path)},
                     "cpu": cpu, **sides, "thresholds": rows}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

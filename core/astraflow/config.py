@@ -45,7 +45,7 @@ GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "logger", "la
 class PolicyConfig:
     """Per-policy settings; one trainer and one weight stream per policy."""
 
-    max_staleness: int = 2
+    max_staleness: int = 3
     lr: float | None = None  # overrides trainer.lr for this policy
 
 

@@ -20,7 +20,7 @@ def test_settings_from_run_config(tmp_path):
     cfg.dataflow.order = "edf"
     s = settings_from_config(cfg)
     assert s.store == str(tmp_path / "store")
-    assert s.policies == {"solver": 1, "verifier": 2}
+    assert s.policies == {"solver": 1, "verifier": PolicyConfig().max_staleness}
     assert (s.group_size, s.batch_size, s.order) == (4, 16, "edf")
     assert s.task == {"name": "arithmetic", "max_operand": 5}
     assert s.data == {"dynamic_sampling": {"name": "dynamic_sampling", "tolerance": 0.0}}

@@ -20,6 +20,7 @@ def test_generations_in_flight_go_on_with_new_weights_and_say_so(tmp_path, tiny_
         [sys.executable, "-m", "astraflow", "raas=sim", "raas.token_seconds=0.01",
          "workflow.max_new_tokens=128", "partial_rollouts=true", "record_batches=true",
          "steps=6", "eval_every=6", "batch_size=16", "group_size=4",
+         "policies.policy.max_staleness=2",
          f"model.path={tiny_model_dir}", f"run_dir={run_dir}", "launcher.progress=false"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
