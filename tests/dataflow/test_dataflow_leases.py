@@ -177,3 +177,35 @@ def test_once_every_trainer_left_no_task_is_issued_until_one_returns(start_serve
     # a trainer that comes back (a restart) reopens admission
     trainer.register("trainer", policies=["policy"])
     assert len(node.lease_tasks(max_tasks=2)) == 2
+
+
+def test_no_task_is_issued_past_the_steps_the_trainer_has_left(start_server, connect):
+    """At a run's end the nodes are not kept generating batches no step will take: the
+    trainer says at each acknowledgement how many steps it has left."""
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 10},
+                          group_size=2, batch_size=4)
+    node, trainer = connect(server), connect(server)
+    node.register("raas")
+    trainer.register("trainer", policies=["policy"])
+
+    def roll_out(max_tasks):
+        leases = node.lease_tasks(max_tasks=max_tasks)
+        for lease in leases:
+            node.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+        return len(leases)
+
+    assert roll_out(4) == 4  # before the trainer says anything: as admission allows
+    batch = trainer.get_batch("policy", 4, timeout=1)
+    trainer.ack_batch(batch.batch_id, step_seconds=0.1, steps_left=2)
+    # two steps left, one batch queued: the tasks of one more batch, not one more
+    assert roll_out(10) == 2
+    assert roll_out(10) == 0
+    assert "enough for the run" in node.backpressure["policy"]
+    batch = trainer.get_batch("policy", 4, timeout=1)
+    trainer.ack_batch(batch.batch_id, step_seconds=0.1, steps_left=1)
+    assert roll_out(10) == 0
+    last = trainer.get_batch("policy", 4, timeout=1)
+    trainer.ack_batch(last.batch_id, step_seconds=0.1, steps_left=0)
+    st = node.status()["policies"]["policy"]
+    assert st["buffered"] == 0 and st["consumed"] == 12
+    assert st["admission_refusals"]["run_covered"] >= 2

@@ -211,7 +211,8 @@ def create_app(settings: DataflowSettings, token: str,
         """Acknowledge a batch after the train step; reports the step's wait and duration."""
         req = await _read(request, AckIn)
         return _reply(request, await service.ack_batch(batch_id, req.wait_seconds,
-                                                       req.step_seconds, req.metrics))
+                                                       req.step_seconds, req.metrics,
+                                                       req.steps_left))
 
     @r.post("/v1/evals", openapi_extra=_body_doc(EvalIn))
     async def evals(request: Request) -> Response:

@@ -173,9 +173,11 @@ class BatchesMixin:
         return rec, payloads
 
     async def ack_batch(self, batch_id: str, wait_seconds: float, step_seconds: float,
-                        metrics: dict[str, float] | None = None) -> dict[str, Any]:
+                        metrics: dict[str, float] | None = None,
+                        steps_left: int | None = None) -> dict[str, Any]:
         """The trainer finished its step on ``batch_id``: its items are consumed.
-        ``metrics`` (the step's reward_mean, loss...) go to the dashboard's series."""
+        ``metrics`` (the step's reward_mean, loss...) go to the dashboard's series;
+        ``steps_left``, the trainer's steps still to come, bound admission."""
         rec = self.batches.get(batch_id)
         if rec is None:
             if batch_id in self.acked:
@@ -217,6 +219,8 @@ class BatchesMixin:
             del self.outstanding[(policy, rec.trainer_id)]
         del self.batches[batch_id]
         self.acked.add(batch_id)
+        if steps_left is not None:
+            self.steps_left[policy] = steps_left
         await self.store.run(job, deltas)
         self.store.payloads.release(item.loc for item in evict)
         self.counters.update(deltas)

@@ -282,10 +282,14 @@ class _Api:
                               parse=lambda d: None if d is None else batch_from_wire(d)))
 
     def ack_batch(self, batch_id: str, wait_seconds: float = 0.0,
-                  step_seconds: float = 0.0, metrics: dict[str, float] | None = None) -> Any:
+                  step_seconds: float = 0.0, metrics: dict[str, float] | None = None,
+                  steps_left: int | None = None) -> Any:
         """Acknowledge after the train step; ``step_seconds`` includes ``wait_seconds``;
-        ``metrics``: the step's numbers for the dashboard (finite ones are sent)."""
+        ``metrics``: the step's numbers for the dashboard (finite ones are sent);
+        ``steps_left``: the steps still to take, so no task is issued beyond them."""
         body: dict[str, Any] = {"wait_seconds": wait_seconds, "step_seconds": step_seconds}
+        if steps_left is not None:
+            body["steps_left"] = steps_left
         if metrics:
             body["metrics"] = _finite(metrics)
         return self._do(_Call("POST", f"/v1/batches/{batch_id}/ack", body))

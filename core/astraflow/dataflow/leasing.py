@@ -73,6 +73,15 @@ class LeasingMixin:
         return sum(1 for (p, _t), held in self.outstanding.items() if p == policy
                    for rec in held if rec.trainer_version >= now)
 
+    def _samples_still_needed(self, policy: str) -> int | None:
+        """Samples the policy's trainer has yet to be served for the steps it said it
+        has left (None until it says): a run's end generates nothing past its last batch."""
+        left = self.steps_left.get(policy)
+        if left is None or self._orphaned(policy):
+            return None
+        held = sum(len(h) for (p, _t), h in self.outstanding.items() if p == policy)
+        return max(0, left - held) * self.settings.batch_size
+
     def admission(self, held: dict[str, int], node_id: str | None = None
                   ) -> tuple[int, dict[str, str]]:
         """How many more tasks ``node_id`` may be issued now, and why not more.
@@ -85,8 +94,10 @@ class LeasingMixin:
         turnaround over the trainer's measured step interval). Only tasks whose every
         sample keeps that within ``max_staleness`` and fits the buffer are issued, so
         nothing is generated to be dropped as stale: a node too far behind is told to
-        refresh, one too slow for the bound is told why. Once every trainer is gone
-        (the run is over), nothing is issued at all.
+        refresh, one too slow for the bound is told why. Once what is queued covers
+        the steps a trainer said it has left, nothing more is issued (a run's end
+        leaves nothing generated for nobody); once every trainer is gone (the run is
+        over), nothing is issued at all.
         """
         s = self.settings
         reasons: dict[str, str] = {}
@@ -122,7 +133,15 @@ class LeasingMixin:
                 n = math.ceil((s.batch_size - queued) / per_task)
             elif budget < 0 or int(meanwhile) > budget:
                 n = 0
-            if n == 0:
+            needed = self._samples_still_needed(policy)
+            if needed is not None:  # the run's end: nothing beyond its last batch
+                n = min(n, max(0, math.ceil((needed - queued) / per_task)))
+            if n == 0 and needed is not None and needed <= queued:
+                reasons[policy] = (f"enough for the run: the trainer's last "
+                                   f"{self.steps_left[policy]} steps are covered by the "
+                                   f"{queued:.0f} samples queued and the batches it holds")
+                self.refusals[policy]["run_covered"] += 1
+            elif n == 0:
                 kind, reasons[policy] = self._refusal(policy, queued, in_flight, lag, running,
                                                       meanwhile, node_id, room_cap < room_stale)
                 self.refusals[policy][kind] += 1

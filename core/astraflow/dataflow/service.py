@@ -113,6 +113,8 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         self.timeline = Timeline()
         #: per policy, how often admission control issued nothing, by reason
         self.refusals: dict[str, Counter] = {p: Counter() for p in self.policies}
+        #: per policy, the steps its trainer said it has still to take (at its last ack)
+        self.steps_left: dict[str, int] = {}
         self.started_at = time.time()
         self._load()
         for policy, version in self.versions.items():

@@ -150,11 +150,14 @@ Metrics = Annotated[dict[Name, Annotated[float, Field(allow_inf_nan=False)]],
 
 class AckIn(_Model):
     """``step_seconds`` is the step's whole wall time, ``wait_seconds`` the part spent
-    waiting; ``metrics`` the step's numbers the dashboard draws (reward_mean, loss)."""
+    waiting; ``metrics`` the step's numbers the dashboard draws (reward_mean, loss);
+    ``steps_left`` the steps the trainer has still to take (none: it does not say), so
+    admission stops issuing tasks once what is queued covers them."""
 
     wait_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
     step_seconds: float = Field(default=0.0, ge=0.0, le=1e7)
     metrics: Metrics = Field(default_factory=dict)
+    steps_left: int | None = Field(default=None, ge=0, le=1 << 40)
 
 
 class EvalIn(_Model):

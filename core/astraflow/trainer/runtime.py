@@ -238,6 +238,7 @@ class TrainerRuntime:
             rewards = [item.trajectory.reward for item in batch.items]
             acked = self.client.ack_batch(
                 batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
+                steps_left=steps - self.step,
                 metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
                          **{k: v for k, v in metrics.items()
                             if k in ("loss", "entropy", "grad_norm")}})
