@@ -33,7 +33,7 @@ between the two sides' configs; e.g. the latency job with
 ``--astraflow policies.policy.max_staleness=12 node_concurrency=256``.
 
 Usage: python bench/peers.py [--steps 600] [--latency] [--skip-astraflow] [--skip-trl]
-       [--astraflow OVERRIDE...]
+       [--astraflow OVERRIDE...] [--seed N]
 Writes bench/results/peers.json (keys ``plain`` and ``latency``); the runs stay in
 runs/peers/.
 """
@@ -279,15 +279,22 @@ def main() -> None:
                         help="keep AstraFlow's last figures for this job (same steps)")
     parser.add_argument("--skip-trl", action="store_true",
                         help="keep TRL's last figures for this job (same steps)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="both sides' seed (the warm-started model, the sampling); "
+                             "each seed's results are kept apart (plain-seed1, ...)")
     parser.add_argument("--astraflow", nargs="+", default=[], metavar="OVERRIDE",
                         help="AstraFlow settings TRL has no counterpart for, e.g. "
                              "policies.policy.max_staleness=8 node_concurrency=256")
     args = parser.parse_args()
     job = "latency" if args.latency else "plain"
+    if args.seed is not None:
+        job += f"-seed{args.seed}"
     # launcher.progress=false: the run's log gets no progress bar (both sides' config)
     overrides = ["launcher.progress=false", f"steps={args.steps}"]
     if args.eval_every is not None:
         overrides.append(f"eval_every={args.eval_every}")
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
     if args.latency:
         overrides += ["workflow.latency.kind=lognormal",
                       f"workflow.latency.median={args.latency_median}",
