@@ -49,11 +49,24 @@ class BatchesMixin:
         return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
                                                   r.id)))
 
-    def _train_version(self, policy: str, held: list[BatchRec]) -> int:
-        """The version a batch served now to a trainer holding ``held`` is trained at:
-        one more for each of its batches whose step has not published yet."""
+    def _held(self, policy: str) -> list[BatchRec]:
+        """Every unacknowledged batch of ``policy``, whichever trainer holds it."""
+        return [rec for (p, _t), held in self.outstanding.items() if p == policy
+                for rec in held]
+
+    def _unpublished(self, policy: str, held: list[BatchRec]) -> int:
+        """Of ``held``, the batches whose step has not published its version yet: each
+        puts one more version between a queued sample and the step that trains it."""
         now = self.versions[policy]
-        return now + sum(1 for rec in held if rec.trainer_version >= now)
+        return sum(1 for rec in held if rec.trainer_version >= now)
+
+    def _release(self, rec: BatchRec) -> None:
+        """``rec`` is no longer held (acknowledged, or its serving failed)."""
+        key = (rec.policy, rec.trainer_id)
+        self.outstanding[key].remove(rec)
+        if not self.outstanding[key]:
+            del self.outstanding[key]
+        del self.batches[rec.batch_id]
 
     async def _compose(self, policy: str, n: int, version: int
                        ) -> tuple[list[int], list[int]] | None:
@@ -121,7 +134,8 @@ class BatchesMixin:
                         f"trainer {trainer_id!r} already holds {len(held)} unacknowledged "
                         f"batches of {policy!r} (at most {PIPELINE_DEPTH}): acknowledge "
                         f"{ids[0]} first"))
-                version = self._train_version(policy, held)
+                # one version later for each of its steps not yet published
+                version = self.versions[policy] + self._unpublished(policy, held)
                 picked = await self._compose(policy, n, version)
                 if picked is not None:
                     rec, payloads = await self._serve(policy, trainer_id, version, *picked)
@@ -141,8 +155,7 @@ class BatchesMixin:
         rec = BatchRec(uuid.uuid4().hex, policy, trainer_id, ids, replay, version, time.time())
         taken = [self.fresh[policy].pop(i) for i in ids]
         self.in_batches.update((item.id, item) for item in taken)
-        held = self.outstanding.setdefault((policy, trainer_id), [])
-        held.append(rec)
+        self.outstanding.setdefault((policy, trainer_id), []).append(rec)
         self.batches[rec.batch_id] = rec
 
         def job(conn: sqlite3.Connection) -> None:
@@ -162,10 +175,7 @@ class BatchesMixin:
             payloads = self._read_payloads(taken + [self.replayable[policy][i] for i in replay])
             await self.store.run(job)
         except Exception:
-            held.remove(rec)
-            if not held:
-                del self.outstanding[(policy, trainer_id)]
-            del self.batches[rec.batch_id]
+            self._release(rec)
             for item in taken:
                 del self.in_batches[item.id]
                 self.fresh[policy][item.id] = item
@@ -213,11 +223,7 @@ class BatchesMixin:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
 
-        held = self.outstanding[(policy, rec.trainer_id)]
-        held.remove(rec)
-        if not held:
-            del self.outstanding[(policy, rec.trainer_id)]
-        del self.batches[batch_id]
+        self._release(rec)
         self.acked.add(batch_id)
         if steps_left is not None:
             self.steps_left[policy] = steps_left

@@ -66,20 +66,13 @@ class LeasingMixin:
             return float(self.settings.group_size)
         return self.counters[f"produced:{policy}"] / completed
 
-    def _steps_running(self, policy: str) -> int:
-        """Batches of ``policy`` being trained on whose new version is not out yet:
-        each puts one more version between a queued sample and its consumption."""
-        now = self.versions[policy]
-        return sum(1 for (p, _t), held in self.outstanding.items() if p == policy
-                   for rec in held if rec.trainer_version >= now)
-
-    def _samples_still_needed(self, policy: str) -> int | None:
-        """Samples the policy's trainer has yet to be served for the steps it said it
-        has left (None until it says): a run's end generates nothing past its last batch."""
+    def _samples_still_needed(self, policy: str, held: int) -> int | None:
+        """Samples the policy's trainer, holding ``held`` batches, has yet to be served
+        for the steps it said it has left (None until it says): a run's end generates
+        nothing past its last batch."""
         left = self.steps_left.get(policy)
-        if left is None or self._orphaned(policy):
+        if left is None:
             return None
-        held = sum(len(h) for (p, _t), h in self.outstanding.items() if p == policy)
         return max(0, left - held) * self.settings.batch_size
 
     def admission(self, held: dict[str, int], node_id: str | None = None
@@ -119,7 +112,8 @@ class LeasingMixin:
                 continue
             queued = len(self.fresh[policy]) + self._committing[policy] + in_flight * per_task
             lag = max(0, self.versions[policy] - held.get(policy, self.versions[policy]))
-            running = self._steps_running(policy)
+            held_batches = self._held(policy)
+            running = self._unpublished(policy, held_batches)
             meanwhile = self.pacing.steps_meanwhile(policy, node_id) if node_id else 0.0
             budget = max_staleness - lag - running  # batches a new sample may wait
             room_stale = (budget + 1) * s.batch_size - queued
@@ -133,7 +127,7 @@ class LeasingMixin:
                 n = math.ceil((s.batch_size - queued) / per_task)
             elif budget < 0 or int(meanwhile) > budget:
                 n = 0
-            needed = self._samples_still_needed(policy)
+            needed = self._samples_still_needed(policy, len(held_batches))
             if needed is not None:  # the run's end: nothing beyond its last batch
                 n = min(n, max(0, math.ceil((needed - queued) / per_task)))
             if n == 0 and needed is not None and needed <= queued:

@@ -113,8 +113,7 @@ class ObservabilityMixin:
                 "max_staleness": m,
                 "buffered": len(self.fresh[p]),
                 "replayable": len(self.replayable[p]),
-                "outstanding_batches": sum(len(held) for (q, _t), held
-                                           in self.outstanding.items() if q == p),
+                "outstanding_batches": len(self._held(p)),
                 "trainer_gone": self._orphaned(p),
                 "dropped_stale_by_pool": stale_by_pool[p],
                 **{

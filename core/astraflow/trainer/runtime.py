@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -280,41 +281,36 @@ class TrainerRuntime:
 
 class _FetchAhead:
     """Fetches the trainer's next batch on a thread of its own (with its own connection)
-    while the current one trains."""
+    while the current one trains. The thread is a daemon: a trainer that stops does not
+    wait out a long-poll no step will use."""
 
     def __init__(self, url: str, token: str, fetch: Any) -> None:
         from astraflow.dataflow.client import DataflowClient
 
         self.client = DataflowClient(url, token)
         self._fetch = fetch
-        self._thread: threading.Thread | None = None
-        self._box: dict[str, Any] = {}
+        self._next: Future | None = None
 
     @property
     def pending(self) -> bool:
-        return self._thread is not None
+        return self._next is not None
 
     def start(self, after: str) -> None:
-        box: dict[str, Any] = {}
+        self._next = future = Future()
 
         def run() -> None:
             try:
-                box["batch"] = self._fetch(after, self.client)
+                future.set_result(self._fetch(after, self.client))
             except BaseException as exc:  # raised again in the trainer's thread
-                box["error"] = exc
+                future.set_exception(exc)
 
-        self._box = box
-        self._thread = threading.Thread(target=run, daemon=True, name="fetch-ahead")
-        self._thread.start()
+        threading.Thread(target=run, daemon=True, name="fetch-ahead").start()
 
     def take(self) -> Any:
         """The batch fetched ahead (None if none came within the long-poll)."""
-        assert self._thread is not None
-        self._thread.join()
-        self._thread = None
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box["batch"]
+        assert self._next is not None
+        future, self._next = self._next, None
+        return future.result()
 
     def close(self) -> None:
         self.client.close()
