@@ -150,9 +150,8 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
     inner = re.search(r"is not in struct\s+full_key: (\S+)", str(exc.__cause__))
     if inner is not None and inner.group(1).startswith(key + "."):
         key = inner.group(1)
-    parent, _, leaf = key.rpartition(".")
     try:
-        from omegaconf import DictConfig, OmegaConf
+        from omegaconf import DictConfig
 
         from astraflow.config import compose_config
 
@@ -160,9 +159,15 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
         rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(
             overridden.rpartition(".")[2])]
         root = compose_config(rest)
-        node = OmegaConf.select(root, parent) if parent else root
-        if not isinstance(node, DictConfig) or leaf in node:
+        # the first part of the dotted key that is not there is the mistyped one
+        # (`polices.policy.max_staleness`: polices)
+        node, parts, depth = root, key.split("."), 0
+        while depth < len(parts) and isinstance(node, DictConfig) and parts[depth] in node:
+            node, depth = node[parts[depth]], depth + 1
+        if depth == len(parts) or not isinstance(node, DictConfig):
             return None  # a setting that exists but refuses this value: Hydra's words
+        leaf = parts[depth]
+        parent, key = ".".join(parts[:depth]), ".".join(parts[:depth + 1])
         if not parent:  # the top level has many: the nearest ones
             near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
             return (f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?"

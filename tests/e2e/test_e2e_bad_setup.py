@@ -130,6 +130,8 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
      "launcher.trainer.num_gpu is not a setting; launcher.trainer has: num_cpus, num_gpus"),
     # a top-level setting: the nearest names
     ("stepz=3", "stepz is not a setting; did you mean steps?"),
+    # a mistyped section above the setting: that section is named
+    ("polices.policy.max_staleness=12", "polices is not a setting; did you mean policies?"),
     # an option of a group made of files (experiment): the options there are
     ("+experiment=lorra", "experiment=lorra is not an option; experiment has: lora, smoke "
      "(did you mean lora?)"),
