@@ -27,6 +27,14 @@ class HFConfig(PolicyGradientOptions):
     gradients and optimiser state in CPU memory and steps the optimiser there (FSDP2,
     GPUs). ``reshard_after_forward`` frees gathered parameters after each layer's
     forward (less memory, one more gather in the backward pass).
+
+    ``shared_prefix``: the tokens a group's samples start with (its prompt) go through
+    the model once per micro-batch instead of once per sample; the samples' own tokens
+    attend to that one computation's keys and values, and the loss and gradients are
+    the plain pass's (see :mod:`astraflow.rl.shared_prefix`). The first shared
+    micro-batch is checked against the plain pass, and a model whose cache does not
+    reproduce it trains without sharing. Off under ``activation_checkpointing``
+    (transformers drops the cache there) and with ``world_size`` > 1.
     """
 
     name: str = "hf"
@@ -35,6 +43,7 @@ class HFConfig(PolicyGradientOptions):
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     reshard_after_forward: bool = True
+    shared_prefix: bool = True
 
 
 def check_config(config) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,11 +36,15 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoModelForCausalLM
 
 from astraflow.lora import adapter_key, check_targets
+from astraflow.rl import shared_prefix as share
+from astraflow.rl.losses import token_logprobs
 from astraflow.rl.options import lora_targets
-from astraflow.rl.policy_gradient import PolicyGradientBackend
+from astraflow.rl.policy_gradient import MicroBatch, PolicyGradientBackend
+from astraflow.rl.shared_prefix import SharedPrefix
 from astraflow.text import copy_tokenizer_files
 from astraflow_trainer_hf import check_config
 
+log = logging.getLogger(__name__)
 
 def _load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
@@ -106,6 +111,11 @@ class HFTrainerBackend(PolicyGradientBackend):
             weight_decay=config.weight_decay,
         )
         self.step = 0
+        # the prefix pass's cache is dropped under checkpointing; ranks would disagree
+        # on which micro-batches share (and so on the collectives each runs)
+        self.shared_prefix = (config.shared_prefix and not config.activation_checkpointing
+                              and not self.sharded)
+        self._prefix_checked = False
 
     def _param_groups(self) -> list[dict[str, Any]]:
         """Only what trains has moments: with LoRA, the adapters alone, the B matrices
@@ -171,11 +181,51 @@ class HFTrainerBackend(PolicyGradientBackend):
         fully_shard(model, **options)
         return model
 
-    def logits(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    def _compute(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                return model(input_ids=tokens, use_cache=False).logits.float()
-        return model(input_ids=tokens, use_cache=False).logits
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def logits(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        with self._compute():
+            return model(input_ids=tokens, use_cache=False).logits.float()
+
+    def prefix_logits(self, model: Any, split: SharedPrefix
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._compute():
+            prefix = model(input_ids=split.tokens, attention_mask=split.mask, use_cache=True)
+            cache = prefix.past_key_values
+            cache.batch_select_indices(split.rows)  # each item's group row, with gradient
+            suffix = model(input_ids=split.suffix, attention_mask=split.attention_mask(),
+                           position_ids=split.positions, past_key_values=cache,
+                           use_cache=False)
+        return prefix.logits, suffix.logits
+
+    def _token_stats(self, model: Any, micro: MicroBatch, entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if micro.prefix is not None and self.shared_prefix and not self._prefix_checked:
+            self._prefix_checked = True
+            self._check_shared_prefix(model, micro)
+        return super()._token_stats(model, micro, entropy)
+
+    def _check_shared_prefix(self, model: Any, micro: MicroBatch) -> None:
+        """Sharing stays on only if this model's cached-prefix passes give the plain
+        pass's log-probs on a real micro-batch (a model whose forward ignores
+        ``position_ids`` or the cache would train on wrong log-probs)."""
+        with torch.no_grad():
+            plain = token_logprobs(self.logits(model, micro.tokens), micro.tokens)
+            shared, _ = share.token_stats(*self.prefix_logits(model, micro.prefix),
+                                          micro.prefix)
+        real = torch.arange(plain.shape[1], device=plain.device)[None] < torch.tensor(
+            micro.lengths, device=plain.device)[:, None]
+        gap = float(torch.where(real, (plain - shared).abs(), 0.0).max())
+        tolerance = 0.1 if self.autocast else 1e-3
+        if not gap <= tolerance:
+            self.shared_prefix = False
+            log.warning("trainer.shared_prefix: %s's cached-prefix pass differs from its "
+                        "plain pass by %.3g in log-prob (more than %g): training without "
+                        "sharing prompts (trainer.shared_prefix=false skips this check)",
+                        type(self.model).__name__, gap, tolerance)
 
     def backward(self, loss: torch.Tensor) -> None:
         # FSDP averages gradients over the replicas; the loss is already normalised by
