@@ -115,6 +115,9 @@ class AstraFlowConfig:
     #: does not wait for the fetch; the batch fetched ahead is composed for the version
     #: it will be trained at, so max_staleness holds as without
     fetch_ahead: bool = True
+    #: a trainer publishes each step's weights and acknowledges its batch on a thread of
+    #: its own while the next step trains (from a snapshot taken when the step ends)
+    overlap_publish: bool = True
     #: each trainer appends every batch it trains on to metrics/batches-<policy>.jsonl,
     #: with its step, so a step can be replayed offline (large: for debugging)
     record_batches: bool = False

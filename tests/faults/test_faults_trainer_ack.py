@@ -202,3 +202,47 @@ def test_the_trainer_fetches_its_next_batch_while_it_trains(tmp_path, tiny_model
     # each batch says the version it was trained at: 0, 1, 2
     assert [version for _, version, _ in trained] == [0, 1, 2]
     assert status["consumed"] == 24 and status["outstanding_batches"] == 0
+
+
+def test_a_step_s_weights_are_published_while_the_next_step_trains(tmp_path, tiny_model_dir):
+    """Step 2 starts training before step 1's weights are published and its batch
+    acknowledged (they go on a thread of their own); still every version is published
+    and every batch acknowledged once, in order."""
+    import threading
+
+    from astraflow.weights.client import WeightClient
+
+    cfg = compose_config([f"run_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3",
+                          "batch_size=8", "group_size=4"])
+    second_step = threading.Event()
+    with BackgroundServer(settings_from_config(cfg), TOKEN) as srv, \
+            DataflowClient(srv.url, TOKEN) as feeder:
+        _feed(feeder, 6)  # three batches of 8
+
+        class Watched(TrainerRuntime):
+            def _build(self):
+                backend = super()._build()
+                step = backend.train_step
+
+                def train_step(batch):
+                    if backend.step == 1:
+                        second_step.set()
+                    return step(batch)
+
+                backend.train_step = train_step
+                return backend
+
+            def _finish(self, publisher, batch, metrics, step, version, weights, times):
+                # published one after the other, step 1's publish would wait forever
+                if step == 1 and not second_step.wait(timeout=30):
+                    raise AssertionError("step 2 did not train while step 1 was published")
+                super()._finish(publisher, batch, metrics, step, version, weights, times)
+
+        Watched(cfg, srv.url, TOKEN, "policy", str(tmp_path)).run(steps=3)
+        status = feeder.status()["policies"]["policy"]
+        with WeightClient(srv.url, TOKEN, tmp_path / "check") as weights:
+            latest = weights.latest("policy")
+    records = [json.loads(line) for line in (tmp_path / "metrics-policy.jsonl").open()]
+    assert [(r["step"], r["version"]) for r in records] == [(1, 1), (2, 2), (3, 3)]
+    assert latest == 3
+    assert status["consumed"] == 24 and status["outstanding_batches"] == 0

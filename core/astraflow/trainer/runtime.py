@@ -12,6 +12,8 @@ this loop on rank 0 alone; the other ranks follow it (:mod:`astraflow.trainer.ra
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -204,79 +206,151 @@ class TrainerRuntime:
     def _steps(self, publisher: Any, steps: int, fetch: Any, ahead: _FetchAhead | None
                ) -> None:
         t0 = time.time()  # waiting starts when the previous step ended, across long-polls
-        while self.step < steps:
-            batch = ahead.take() if ahead is not None and ahead.pending else fetch(None)
-            if batch is None:
-                self.call.idle()  # the other ranks wait for rank 0's next call: not forever
-                continue
-            if batch.batch_id == self.trained_batch:
-                self.client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
-                self.trained_batch = None
+        behind = _Behind() if self.cfg.get("overlap_publish", True) else None
+        try:
+            while self.step < steps:
+                if ahead is not None and ahead.pending:
+                    batch = ahead.take()
+                else:
+                    if behind is not None:
+                        # asked without ``after`` the data layer serves the oldest held
+                        # batch: the previous one must be acknowledged first
+                        behind.wait()
+                    batch = fetch(None)
+                if batch is None:
+                    self.call.idle()  # the other ranks wait for rank 0's next call
+                    continue
+                if batch.batch_id == self.trained_batch:
+                    self.client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
+                    self.trained_batch = None
+                    t0 = time.time()
+                    continue
+                if ahead is not None and self.step + 1 < steps:
+                    # the next batch is composed and sent while this one trains (the data
+                    # layer serves it for the version it will be trained at); a trainer
+                    # holds two batches at most, so it is asked for once the previous one
+                    # is acknowledged
+                    ahead.start(batch.batch_id, behind.pending if behind else None)
+                t1 = time.time()
+                if self.cfg.get("record_batches"):
+                    # the first step can come before the first metrics line made the folder
+                    self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                    with self.metrics_path.with_name(f"batches-{self.policy}.jsonl").open(
+                            "a") as fh:
+                        fh.write(json.dumps({"step": self.step + 1, **batch.to_dict()}) + "\n")
+                metrics = self.call("train_step", batch)
+                self.version += 1
+                self.step += 1
+                t_trained = time.time()
+                weights = self.call("export_weights")  # a snapshot: the next step may start
+                if behind is not None:
+                    behind.wait()  # one step's publish at a time, in order
+                t_saved = time.time()
+                if (time.monotonic() - self.saved_at >= self.cfg.checkpoint_interval
+                        or self.step >= steps):
+                    self._save(batch.batch_id)
+                else:
+                    self.journal.append(self.step, self.version, batch)
+                times = {"t0": t0, "t1": t1, "t_trained": t_trained,
+                         "checkpoint_seconds": time.time() - t_saved,
+                         "steps_left": steps - self.step}
+                finish = functools.partial(self._finish, publisher, batch, metrics,
+                                           self.step, self.version, weights, times)
+                if behind is None:
+                    finish()
+                else:
+                    # the weights are published and the batch acknowledged while the next
+                    # step trains (the trainer's thread uses its client only after wait())
+                    behind.start(finish)
                 t0 = time.time()
-                continue
-            if ahead is not None and self.step + 1 < steps:
-                # the next batch is composed and sent while this one trains (the data
-                # layer serves it for the version it will be trained at)
-                ahead.start(batch.batch_id)
-            t1 = time.time()
-            if self.cfg.get("record_batches"):
-                # the first step can come before the first metrics line made the folder
-                self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-                with self.metrics_path.with_name(f"batches-{self.policy}.jsonl").open("a") as fh:
-                    fh.write(json.dumps({"step": self.step + 1, **batch.to_dict()}) + "\n")
-            metrics = self.call("train_step", batch)
-            self.version += 1
-            self.step += 1
-            t_trained = time.time()
-            self._publish(publisher, self.version)
-            t_published = time.time()
-            if (time.monotonic() - self.saved_at >= self.cfg.checkpoint_interval
-                    or self.step >= steps):
-                self._save(batch.batch_id)
-            else:
-                self.journal.append(self.step, self.version, batch)
-            t2 = time.time()
-            rewards = [item.trajectory.reward for item in batch.items]
-            acked = self.client.ack_batch(
-                batch.batch_id, wait_seconds=t1 - t0, step_seconds=t2 - t0,
-                steps_left=steps - self.step,
-                metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
-                         **{k: v for k, v in metrics.items()
-                            if k in ("loss", "entropy", "grad_norm")}})
-            produced = acked["ledger"]
-            staleness = [self.version - 1 - item.trajectory.min_version for item in batch.items]
-            # which rollout pools fed this step (heterogeneous and remote pools show here)
-            pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
-                            for item in batch.items)
-            metas = [item.trajectory.metadata for item in batch.items]
-            self._log({
-                **{f"train/{k}": float(v) for k, v in metrics.items()},
-                "kind": "train", "policy": self.policy, "step": self.step,
-                "version": self.version, "time": t2,
-                "reward_mean": sum(rewards) / max(len(rewards), 1),
-                "batch_size": len(batch.items), "wait_seconds": t1 - t0,
-                "step_seconds": t2 - t1, "staleness_max": max(staleness, default=0),
-                "train_seconds": t_trained - t1, "publish_seconds": t_published - t_trained,
-                "checkpoint_seconds": t2 - t_published,
-                # every rollout this policy's nodes produced so far, kept or not
-                "generated": produced["generated"],
-                # of what the nodes generated and is not still waiting in the buffer
-                "trained_fraction": produced["trained_fraction"],
-                **{f"pool/{name}": n for name, n in sorted(pools.items())},
-                # and, run so far, how many each pool's lag cost (dropped as too stale)
-                **{f"dropped_stale/{name}": n for name, n
-                   in sorted(produced.get("dropped_stale_by_pool", {}).items())},
-                # samples whose reward raised or timed out (zero advantage), in this batch
-                # and run so far, and the extra metrics a reward returned, batch means
-                "reward_failed": sum(bool(m.get(REWARD_FAILED)) for m in metas),
-                "reward_failed_total": produced.get("reward_failed", 0),
-                **reward_metric_means(metas),
-            })
-            t0 = time.time()
+        except BaseException:
+            if behind is not None:  # the trainer's own error is the one to report
+                with contextlib.suppress(BaseException):
+                    behind.wait()
+            raise
+        if behind is not None:
+            behind.wait()
         final = self.work_dir / "final" / self.policy
         self.call("save_pretrained", text=str(final))
         log.info("trainer %s: done at version %d; final weights in %s", self.policy,
                  self.version, final)
+
+    def _finish(self, publisher: Any, batch: Any, metrics: dict[str, float], step: int,
+                version: int, weights: dict[str, Any], times: dict[str, float]) -> None:
+        """Publish a step's weights, acknowledge its batch and log it.
+
+        ``times``: the step's clock readings (``t0`` its wait began, ``t1`` it trained,
+        ``t_trained`` it was done), its ``checkpoint_seconds`` and ``steps_left``.
+        """
+        from astraflow.weights.safetensors_io import from_torch
+
+        t_published = time.time()
+        publisher.publish(version, {name: from_torch(t) for name, t in weights.items()})
+        t_acked = time.time()
+        t0, t1 = times["t0"], times["t1"]
+        rewards = [item.trajectory.reward for item in batch.items]
+        acked = self.client.ack_batch(
+            batch.batch_id, wait_seconds=t1 - t0, step_seconds=t_acked - t0,
+            steps_left=int(times["steps_left"]),
+            metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
+                     **{k: v for k, v in metrics.items()
+                        if k in ("loss", "entropy", "grad_norm")}})
+        produced = acked["ledger"]
+        staleness = [version - 1 - item.trajectory.min_version for item in batch.items]
+        # which rollout pools fed this step (heterogeneous and remote pools show here)
+        pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
+                        for item in batch.items)
+        metas = [item.trajectory.metadata for item in batch.items]
+        self._log({
+            **{f"train/{k}": float(v) for k, v in metrics.items()},
+            "kind": "train", "policy": self.policy, "step": step,
+            "version": version, "time": t_acked,
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "batch_size": len(batch.items), "wait_seconds": t1 - t0,
+            "step_seconds": t_acked - t1, "staleness_max": max(staleness, default=0),
+            "train_seconds": times["t_trained"] - t1,
+            "publish_seconds": t_acked - t_published,
+            "checkpoint_seconds": times["checkpoint_seconds"],
+            # every rollout this policy's nodes produced so far, kept or not
+            "generated": produced["generated"],
+            # of what the nodes generated and is not still waiting in the buffer
+            "trained_fraction": produced["trained_fraction"],
+            **{f"pool/{name}": n for name, n in sorted(pools.items())},
+            # and, run so far, how many each pool's lag cost (dropped as too stale)
+            **{f"dropped_stale/{name}": n for name, n
+               in sorted(produced.get("dropped_stale_by_pool", {}).items())},
+            # samples whose reward raised or timed out (zero advantage), in this batch
+            # and run so far, and the extra metrics a reward returned, batch means
+            "reward_failed": sum(bool(m.get(REWARD_FAILED)) for m in metas),
+            "reward_failed_total": produced.get("reward_failed", 0),
+            **reward_metric_means(metas),
+        })
+
+
+class _Behind:
+    """Publishes a step's weights and acknowledges its batch on a thread of its own while
+    the next step trains; one step at a time, in order. An error is raised again in the
+    trainer's thread by the next :meth:`wait`."""
+
+    def __init__(self) -> None:
+        self.pending: Future | None = None
+
+    def start(self, finish: Any) -> None:
+        assert self.pending is None or self.pending.done()
+        self.pending = future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(finish())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, daemon=True, name="publish-behind").start()
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            future, self.pending = self.pending, None
+            future.result()
 
 
 class _FetchAhead:
@@ -295,11 +369,16 @@ class _FetchAhead:
     def pending(self) -> bool:
         return self._next is not None
 
-    def start(self, after: str) -> None:
+    def start(self, after: str, acknowledged: Future | None = None) -> None:
+        """Fetch the batch after ``after`` once ``acknowledged`` (the previous batch's
+        acknowledgement, if still on its way) is done."""
         self._next = future = Future()
 
         def run() -> None:
             try:
+                if acknowledged is not None:
+                    with contextlib.suppress(BaseException):  # the trainer raises it
+                        acknowledged.result()
                 future.set_result(self._fetch(after, self.client))
             except BaseException as exc:  # raised again in the trainer's thread
                 future.set_exception(exc)
