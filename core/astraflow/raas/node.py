@@ -51,7 +51,7 @@ class NodeOptions:
     #: skipped to the newest) and between checks for a first version. Short: every
     #: version the node is behind takes a batch from what admission control lets it
     #: have in flight (max_staleness bounds the sum)
-    refresh_interval: float = 0.1
+    refresh_interval: float = 0.02
     #: seconds between retries of a refresh that failed (the data layer restarting)
     retry_interval: float = 0.5
     #: seconds a leaving node spends finishing and submitting what it leased; what is
