@@ -135,3 +135,16 @@ def test_a_model_whose_cached_pass_differs_trains_without_sharing(
     assert not broken.shared_prefix
     assert "trainer.shared_prefix" in caplog.text
     assert got["loss"] == pytest.approx(plain.train_step(batch)["loss"], rel=1e-4)
+
+
+def test_lora_adapters_share_the_prefix_too(tiny_model_dir: str) -> None:
+    pytest.importorskip("peft")
+    settings = {"lora": {"rank": 8}, "lr": 1e-3}
+    plain = backend(tiny_model_dir, shared_prefix=False, **settings)
+    shared = backend(tiny_model_dir, **settings)
+    batch = with_behaviour_logprobs(plain, grouped_batch(tiny_model_dir, seed=2))
+    for _ in range(2):
+        want, got = plain.train_step(batch), shared.train_step(batch)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    assert shared.shared_prefix
