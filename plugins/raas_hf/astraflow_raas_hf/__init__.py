@@ -17,6 +17,9 @@ class HFConfig:
     max_batch_size: int = 256  # sequences per forward pass (after expanding n)
     num_threads: int = 1  # torch intra-op threads of this engine
     device: str = "auto"  # auto (the first CUDA device if any, else cpu) | cpu | cuda[:N]
+    #: samples of one prompt (a GRPO group) share one prefill: the prompt runs through
+    #: the model once and its keys and values are copied to each sample's row
+    shared_prefix: bool = True
 
 
 def check_config(config) -> None:

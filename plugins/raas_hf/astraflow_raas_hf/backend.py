@@ -211,7 +211,9 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self._switches = []
         # whole-weight swaps happen between decode steps; an adapter's load waits instead
         swaps = [] if first.adapter else [_SwapAtStep(self, width)]
+        cache = self._prefill(model, rows, input_ids, attention)
         generated = model.generate(
+            past_key_values=cache,
             logits_processor=LogitsProcessorList(swaps),
             input_ids=input_ids.to(model.device),
             attention_mask=attention.to(model.device),
@@ -247,6 +249,30 @@ class HFRolloutBackend(Pausable, RolloutBackend):
             out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, version,
                                   versions))
         return out
+
+    def _prefill(self, model: Any, rows: list[GenerationRequest], input_ids: torch.Tensor,
+                 attention: torch.Tensor) -> Any:
+        """The KV cache of every row's prompt but its last token, computed once per
+        distinct prompt and copied to the rows that share it; None when no two rows
+        share one (``generate`` prefills as usual). ``generate`` then runs the last
+        prompt token of each row on it, which gives the first sampled token's logits."""
+        if not getattr(self.config, "shared_prefix", True) or input_ids.shape[1] < 2:
+            return None
+        distinct: dict[tuple[int, ...], int] = {}  # prompt -> its first row
+        owner = [distinct.setdefault(tuple(r.prompt_ids), i) for i, r in enumerate(rows)]
+        if len(distinct) == len(rows):
+            return None
+        firsts = list(distinct.values())
+        place = {row: n for n, row in enumerate(firsts)}
+        ids = input_ids[firsts, :-1].to(model.device)
+        mask = attention[firsts, :-1].to(model.device)
+        # the positions generate gives a left-padded row: count its real tokens
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        cache = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                      use_cache=True).past_key_values
+        cache.batch_select_indices(torch.tensor([place[o] for o in owner],
+                                                device=model.device))
+        return cache
 
     async def swap_weights(self, path: str, version: int) -> None:
         """Partial rollouts: the generation under way takes the new weights at its next

@@ -28,3 +28,52 @@ class TestHFRolloutContract(RolloutBackendContract):
         assert gen.token_ids[:switch] == alone.token_ids[:switch]
         assert gen.logprobs[:switch] == alone.logprobs[:switch]
         assert gen.token_ids != alone.token_ids  # the new weights sampled the rest
+
+
+def test_samples_of_one_prompt_share_its_prefill(tiny_model_dir):
+    """``raas.shared_prefix``: a prompt's samples are prefilled once and generate what
+    they generate without it (greedy: the same tokens and log-probs), prompts of other
+    lengths beside them in the batch; sampled, they are still each their own."""
+    import functools
+
+    import pytest
+
+    from astraflow.plugins import get_registry
+    from astraflow.testing.engine import LoopThread
+    from astraflow.testing.rollout import prompt_ids
+    from astraflow.types import GenerationRequest
+
+    entry = get_registry().get("rollout_backend", "hf")
+
+    def run(shared: bool, temperature: float) -> list:
+        config = entry.config_cls(shared_prefix=shared)
+        backend = entry.create(config, tiny_model_dir)
+        loop = LoopThread()
+        loop.run(backend.start())
+        try:
+            requests = [GenerationRequest(prompt_ids=prompt_ids(tiny_model_dir, text), n=n,
+                                          max_new_tokens=6, temperature=temperature, seed=0)
+                        for text, n in (("12+7=", 4), ("3-9=", 1), ("123+45=", 3))]
+            calls = {"n": 0}
+            forward = backend.model.forward
+
+            @functools.wraps(forward)  # generate reads the signature (position_ids)
+            def counted(*args, **kwargs):
+                calls["n"] += 1
+                return forward(*args, **kwargs)
+
+            backend.model.forward = counted
+            out = backend._generate_batch(requests)  # one batch, on this thread
+            return out, calls["n"]
+        finally:
+            loop.run(backend.shutdown())
+            loop.close()
+
+    (plain, plain_calls), (shared, shared_calls) = run(False, 0.0), run(True, 0.0)
+    assert shared_calls == plain_calls + 1  # the prefill of the distinct prompts
+    for want, got in zip(plain, shared, strict=True):
+        for a, b in zip(want, got, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    sampled, _ = run(True, 1.0)
+    assert len({tuple(g.token_ids) for g in sampled[0]}) > 1
