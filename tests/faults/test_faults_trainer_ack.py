@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -246,3 +247,34 @@ def test_a_step_s_weights_are_published_while_the_next_step_trains(tmp_path, tin
     assert [(r["step"], r["version"]) for r in records] == [(1, 1), (2, 2), (3, 3)]
     assert latest == 3
     assert status["consumed"] == 24 and status["outstanding_batches"] == 0
+
+
+def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tiny_model_dir):
+    """The data layer paces rollouts by the trainer's steps: a slow publish that runs
+    behind the next step is reported as the publish's time, not the step's (step 2 does
+    wait for it before publishing its own: one publish at a time)."""
+    cfg = compose_config([f"run_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=2",
+                          "batch_size=8", "group_size=4"])
+    with BackgroundServer(settings_from_config(cfg), TOKEN) as srv, \
+            DataflowClient(srv.url, TOKEN) as feeder:
+        _feed(feeder, 4)  # two batches of 8
+
+        class SlowPublish:
+            def __init__(self, publisher):
+                self.publisher = publisher
+
+            def publish(self, version, tensors):
+                time.sleep(1.0)
+                return self.publisher.publish(version, tensors)
+
+        class Watched(TrainerRuntime):
+            def _finish(self, publisher, *args):
+                super()._finish(SlowPublish(publisher), *args)
+
+        Watched(cfg, srv.url, TOKEN, "policy", str(tmp_path)).run(steps=2)
+    records = [json.loads(line) for line in (tmp_path / "metrics-policy.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2]
+    first = records[0]
+    assert first["publish_seconds"] >= 1.0
+    assert first["step_seconds"] < 1.0
+    assert records[1]["step_seconds"] + records[1]["wait_seconds"] >= 0.5

@@ -251,8 +251,10 @@ class TrainerRuntime:
                     self._save(batch.batch_id)
                 else:
                     self.journal.append(self.step, self.version, batch)
+                t_done = time.time()  # the next step may start: the step's own time ends
                 times = {"t0": t0, "t1": t1, "t_trained": t_trained,
-                         "checkpoint_seconds": time.time() - t_saved,
+                         "t_done": t_done if behind is not None else None,
+                         "checkpoint_seconds": t_done - t_saved,
                          "steps_left": steps - self.step}
                 finish = functools.partial(self._finish, publisher, batch, metrics,
                                            self.step, self.version, weights, times)
@@ -276,11 +278,15 @@ class TrainerRuntime:
                  self.version, final)
 
     def _finish(self, publisher: Any, batch: Any, metrics: dict[str, float], step: int,
-                version: int, weights: dict[str, Any], times: dict[str, float]) -> None:
+                version: int, weights: dict[str, Any], times: dict[str, Any]) -> None:
         """Publish a step's weights, acknowledge its batch and log it.
 
         ``times``: the step's clock readings (``t0`` its wait began, ``t1`` it trained,
-        ``t_trained`` it was done), its ``checkpoint_seconds`` and ``steps_left``.
+        ``t_trained`` it was trained, ``t_done`` the trainer could start the next step
+        while this one publishes, None if it publishes first), its
+        ``checkpoint_seconds`` and ``steps_left``. The step's seconds end at ``t_done``: a
+        publish behind the next step is not part of the trainer's pace (the data layer
+        plans the rollouts it needs with that pace).
         """
         from astraflow.weights.safetensors_io import from_torch
 
@@ -288,9 +294,10 @@ class TrainerRuntime:
         publisher.publish(version, {name: from_torch(t) for name, t in weights.items()})
         t_acked = time.time()
         t0, t1 = times["t0"], times["t1"]
+        t_done = times["t_done"] or t_acked
         rewards = [item.trajectory.reward for item in batch.items]
         acked = self.client.ack_batch(
-            batch.batch_id, wait_seconds=t1 - t0, step_seconds=t_acked - t0,
+            batch.batch_id, wait_seconds=t1 - t0, step_seconds=t_done - t0,
             steps_left=int(times["steps_left"]),
             metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
                      **{k: v for k, v in metrics.items()
@@ -307,7 +314,7 @@ class TrainerRuntime:
             "version": version, "time": t_acked,
             "reward_mean": sum(rewards) / max(len(rewards), 1),
             "batch_size": len(batch.items), "wait_seconds": t1 - t0,
-            "step_seconds": t_acked - t1, "staleness_max": max(staleness, default=0),
+            "step_seconds": t_done - t1, "staleness_max": max(staleness, default=0),
             "train_seconds": times["t_trained"] - t1,
             "publish_seconds": t_acked - t_published,
             "checkpoint_seconds": times["checkpoint_seconds"],
