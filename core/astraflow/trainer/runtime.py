@@ -76,11 +76,13 @@ class TrainerRuntime:
         return {"base_sha256": base_sha256(path), "base_name": Path(path).name,
                 "config": config}
 
-    def _publish(self, publisher: Any, version: int) -> None:
+    def _publish(self, publisher: Any, version: int, weights: dict[str, Any] | None = None
+                 ) -> None:
+        """Publish ``weights`` (a snapshot from ``export_weights``; default: take one now)."""
         from astraflow.weights.safetensors_io import from_torch
 
-        tensors = {name: from_torch(t) for name, t in self.call("export_weights").items()}
-        publisher.publish(version, tensors)
+        weights = self.call("export_weights") if weights is None else weights
+        publisher.publish(version, {name: from_torch(t) for name, t in weights.items()})
 
     def _save(self, batch_id: str) -> None:
         tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
@@ -288,10 +290,8 @@ class TrainerRuntime:
         publish behind the next step is not part of the trainer's pace (the data layer
         plans the rollouts it needs with that pace).
         """
-        from astraflow.weights.safetensors_io import from_torch
-
         t_published = time.time()
-        publisher.publish(version, {name: from_torch(t) for name, t in weights.items()})
+        self._publish(publisher, version, weights)
         t_acked = time.time()
         t0, t1 = times["t0"], times["t1"]
         t_done = times["t_done"] or t_acked
