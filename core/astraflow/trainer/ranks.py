@@ -19,6 +19,7 @@ torch is imported when a call needs it, so the core still imports without torch.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -37,6 +38,13 @@ CALLS = ("idle", "stop", "train_step", "export_weights", "save_checkpoint",
          "load_checkpoint", "save_pretrained", "compute_logprobs")
 
 
+def _leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init(timeout: float) -> Ranks:
     """Join the process group ``torchrun`` describes (NCCL with CUDA, else gloo)."""
     import torch
@@ -48,6 +56,10 @@ def init(timeout: float) -> Ranks:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=timeout))
+        # a process group still alive when the interpreter exits has its backend's
+        # threads destroyed running: the rank aborts ("terminate called without an
+        # active exception") and torchrun reports a finished trainer as failed
+        atexit.register(_leave)
     return Ranks(dist.get_rank(), dist.get_world_size(),
                  torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
 
