@@ -38,6 +38,11 @@ HEADROOM = 1.5
 START_IN_FLIGHT = 16
 #: weight of the newest turnaround in its moving average
 TURNAROUND_WEIGHT = 0.1
+#: longest a node waits before asking for tasks again, with none in flight / some: it
+#: asks at once when a rollout finishes or a newer version loads, and these bound the
+#: wait for what it cannot see (a lease expiring, a task source refilling)
+IDLE_POLL = 0.2
+BUSY_POLL = 0.5
 
 
 @dataclass
@@ -195,6 +200,10 @@ class RaaSNode:
         self.in_flight = 0
         self.turnaround: float | None = None
         self._refresh_lock = asyncio.Lock()
+        #: set when a newer version loads: the one change on this side that lets
+        #: admission control issue more (each version a node catches up is one more batch
+        #: its samples may wait for), so a refused node asks again at once
+        self._loaded = asyncio.Event()
         #: one line per weight load: its version, seconds after its publication, seconds
         #: the load took
         self.refresh_log = Path(work_dir) / "metrics" / (
@@ -239,6 +248,8 @@ class RaaSNode:
                 await backend.load(path, version, partial=bool(self.cfg.get("partial_rollouts")))
                 self._refreshed(policy, version, path, time.time() - started)
                 loaded = True
+        if loaded:
+            self._loaded.set()
         return loaded
 
     def _refreshed(self, policy: str, version: int, path: Path, load_seconds: float) -> None:
@@ -356,16 +367,26 @@ class RaaSNode:
     async def _async_loop(self, stop: asyncio.Event) -> None:
         running: set[asyncio.Task] = set()
         while not stop.is_set():
+            self._loaded.clear()  # a version loaded from here on is in the next request
             free = max(0, self.target_in_flight() - len(running))
             versions = {p: b.version for p, b in self.backends.items()}
             leases = await self._lease(free, versions) if free else []
             for lease in leases:
                 running.add(asyncio.create_task(self._run_lease(lease, more=True)))
-            if not running:
-                await _wait(stop, 0.2)
-                continue
-            done, running = await asyncio.wait(running, timeout=0.5,
-                                               return_when=asyncio.FIRST_COMPLETED)
+            # until a rollout finishes (its submission leases the next) or a newer version
+            # loads (admission may issue more): a node refused for staleness with nothing
+            # in flight asks again as soon as it refreshes, not after a guessed pause
+            wakers = {asyncio.ensure_future(self._loaded.wait()),
+                      asyncio.ensure_future(stop.wait())}
+            try:
+                done, running = await asyncio.wait(
+                    running | wakers, timeout=BUSY_POLL if running else IDLE_POLL,
+                    return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waker in wakers:
+                    waker.cancel()
+            running -= wakers
+            done -= wakers
             _report(done)
             for finished in done:  # the leases that came back with the submissions
                 if finished.exception() is None:
