@@ -69,3 +69,45 @@ def test_a_node_s_concurrent_submissions_share_requests_and_each_gets_its_leases
     assert submitter.submissions == 40 and submitter.requests == 1
     status = c.status()["tasks"]
     assert status["completed"] == 40 and status["in_flight"] == len(more)
+
+
+def test_submissions_trickling_in_wait_a_little_for_company(start_server, connect):
+    """Rollouts finishing one by one (environment latency spreads them out) would each
+    cost a request; once the trainers' pace is known, a submission right behind another
+    request waits a small part of a step for the next ones."""
+    # batch 4 of 2-sample tasks, a 0.2 s step: 10 tasks/s to consume, so a request
+    # leaves at most every 0.1 s (MAX_LINGER) while submissions trickle in
+    server = start_server(task={"name": "arithmetic"}, group_size=2, batch_size=4,
+                          policies={"policy": 20})
+    c = connect(server)
+    node = c.register("raas", capacity=64)
+    for lease in c.lease_tasks(max_tasks=2):
+        c.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+    trainer = connect(server)
+    trainer.ack_batch(trainer.get_batch("policy", 4, timeout=5).batch_id,
+                      wait_seconds=0.0, step_seconds=0.2)
+    leases = c.lease_tasks(max_tasks=19)
+    assert len(leases) == 19
+
+    async def main() -> tuple[list, Submitter]:
+        async with AsyncDataflowClient(server.url, TOKEN) as client:
+            client.node_id = node
+            submitter = Submitter(client)
+            assert submitter.linger() == 0  # the pace comes with a reply to this node
+            leases.extend(await client.lease_tasks(node, max_tasks=1))
+            assert submitter.linger() > 0
+
+            async def finish(i: int, lease) -> dict:
+                await asyncio.sleep(0.01 * i)  # one finishes every 10 ms
+                return await submitter.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+
+            answers = await asyncio.gather(*(finish(i, lease)
+                                             for i, lease in enumerate(leases)))
+            return answers, submitter
+
+    answers, submitter = asyncio.run(main())
+    assert [a["status"] for a in answers] == ["accepted"] * 20
+    # ~0.2 s of submissions: the first at once, the rest in a request or two per 0.1 s,
+    # not one each
+    assert submitter.submissions == 20 and submitter.requests <= 5, submitter.requests
+    assert c.status()["tasks"]["completed"] == 22

@@ -7,6 +7,12 @@ submission still leaves at once; the ones that finish while it is in flight go
 together in the next request (``/v1/trajectories/many``), at most ``MAX_ENTRIES`` or
 about ``MAX_BYTES`` of arrays each. The data layer answers each as if it had come
 alone, and each caller gets its own answer or its own error.
+
+Rollouts that finish one by one (environment latency spreads them out) would still go
+one per request. Once the data layer has told the node its pace, a request leaves at
+most once per the time the trainers take to consume ``LINGER_TASKS`` of the node's tasks
+(at most ``MAX_LINGER``): a submission after a quiet spell still leaves at once, one
+right behind another request waits that long for company.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from typing import Any
 MAX_ENTRIES = 64
 #: a request's arrays (token ids, log-probs...) stop growing past this many bytes
 MAX_BYTES = 4 * 1024 * 1024
+#: while submissions trickle in, a request leaves at most once per the time the trainers
+#: take to consume this many of the node's tasks ...
+LINGER_TASKS = 8
+#: ... and at most this many seconds after the one before it
+MAX_LINGER = 0.1
 
 
 def _size(body: dict[str, Any]) -> int:
@@ -35,6 +46,14 @@ class Submitter:
         #: requests sent and submissions they carried (a node's log reports the ratio)
         self.requests = 0
         self.submissions = 0
+        self._last_sent = float("-inf")
+
+    def linger(self) -> float:
+        """Seconds between two requests while submissions trickle in: long enough for
+        ``LINGER_TASKS`` of this node's share of what the trainers consume (its pace, from
+        the data layer), a small part of a step; 0 until the pace is known."""
+        rate = (getattr(self.client, "pace", None) or {}).get("tasks_per_second")
+        return min(MAX_LINGER, LINGER_TASKS / rate) if rate else 0.0
 
     async def submit(self, lease: Any, trajectories: Sequence[Any], lease_more: int = 0,
                      versions: dict[str, int] | None = None) -> dict[str, Any]:
@@ -57,7 +76,15 @@ class Submitter:
         return group
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
+            # a submission after a quiet spell leaves at once; one right behind another
+            # request waits for company (rollouts finishing one by one, as under
+            # environment latency, would each cost a request of node and data layer time)
+            hold = self._last_sent + self.linger() - loop.time()
+            if hold > 0 and len(self._queue) < MAX_ENTRIES:
+                await asyncio.sleep(hold)
+            self._last_sent = loop.time()
             group = [(body, done) for body, done in self._take() if not done.cancelled()]
             if not group:
                 continue
