@@ -27,6 +27,9 @@ environment call (``workflow.latency``, median ``--latency-median`` s, shape
 ``--latency-sigma``). AstraFlow waits for every sample on its own; TRL, a synchronous
 trainer, calls its reward once per generation batch and waits for the slowest sample.
 
+With ``--latency``, AstraFlow also runs the job without latency at the same settings:
+its step time with latency over its step time without is what latency costs it.
+
 ``--astraflow OVERRIDE...``: AstraFlow settings TRL has no counterpart for (how stale a
 sample may be, how many tasks a node keeps in flight), the one allowed difference
 between the two sides' configs; e.g. the latency job with
@@ -159,6 +162,7 @@ def run_astraflow(overrides: list[str], run_dir: Path, shared: Any,
     out["run_dir"] = str(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     out["trainer_wait_fraction"] = summary["policies"][policy]["trainer_wait_fraction"]
+    out["trained_fraction"] = summary["policies"][policy]["trained_fraction"]
     return out
 
 
@@ -250,7 +254,9 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
     for name, side in sides.items():
         print(f"  {name:>9}: {side['start_eval_accuracy']:.3f} -> {side['final_eval_accuracy']:.3f}"
               f" in {side['steps']} steps, {side['seconds_per_step']:.2f} s/step, first step "
-              f"{side['first_step_seconds']:.1f} s after start, wall {side['wall_seconds']:.0f} s")
+              f"{side['first_step_seconds']:.1f} s after start, wall {side['wall_seconds']:.0f} s"
+              + (f", trainer wait {side['trainer_wait_fraction']:.1%}, trained / generated "
+                 f"{side['trained_fraction']:.3f}" if "trained_fraction" in side else ""))
     print("  seconds to first reach the accuracy (never: --; start: before step 1)")
     print("            from the end of step 1          from the command's start")
     print("  accuracy  AstraFlow    TRL  TRL/AstraFlow  AstraFlow    TRL  TRL/AstraFlow")
@@ -314,9 +320,17 @@ def main() -> None:
     if args.skip_astraflow:
         if "astraflow" in previous:
             sides["astraflow"] = previous["astraflow"]
+        if "astraflow_no_latency" in previous:
+            sides["astraflow_no_latency"] = previous["astraflow_no_latency"]
     else:
         sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared,
                                            tuple(args.astraflow))
+        if args.latency:
+            # the baseline of latency's cost: the same AstraFlow settings, no latency
+            plain = [o for o in overrides if not o.startswith("workflow.latency.")]
+            sides["astraflow_no_latency"] = run_astraflow(
+                plain, root / "astraflow-no-latency",
+                shared_config(plain, root / "no-latency"), tuple(args.astraflow))
     if args.skip_trl:
         if "trl" in previous:
             sides["trl"] = previous["trl"]
@@ -325,10 +339,16 @@ def main() -> None:
         sides["trl"] = run_trl(python, root / "trl" / "config.yaml", root / "trl", args.threads)
     rows = compare(sides, args.thresholds)
     report(job, sides, rows)
+    cost = None
+    if "astraflow_no_latency" in sides and "astraflow" in sides:
+        cost = (sides["astraflow"]["seconds_per_step"]
+                / sides["astraflow_no_latency"]["seconds_per_step"])
+        print(f"  AstraFlow's step with latency / without (same settings): {cost:.2f}x")
     results[job] = {"config": {"overrides": overrides, "threads": args.threads,
                                "astraflow_overrides": args.astraflow,
                                "model": str(shared.model.path)},
-                    "cpu": cpu, **sides, "thresholds": rows}
+                    "cpu": cpu, **sides, "thresholds": rows,
+                    "latency_step_ratio": cost}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {RESULTS}")
