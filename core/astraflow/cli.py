@@ -172,7 +172,9 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
             near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
             return (f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?"
                                                   if near else ""))
-        return f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
+        near = difflib.get_close_matches(leaf, [str(k) for k in node], n=1)
+        return (f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
+                + (f" (did you mean {near[0]}?)" if near else ""))
     except Exception:
         return None
 

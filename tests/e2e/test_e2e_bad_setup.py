@@ -124,6 +124,15 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_mistyped_setting_in_a_section_names_the_nearest(tmp_path):
+    proc = launch(tmp_path, "trainer.shared_prefx=false")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[0]
+    assert "trainer.shared_prefx is not a setting; trainer has: " in line
+    assert line.endswith("(did you mean shared_prefix?)"), line
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("override", "said"), [
     # a section set whole, with a mistyped key inside it
     ("launcher.trainer={num_gpu: 1}",
