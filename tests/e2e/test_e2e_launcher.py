@@ -112,6 +112,15 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _command(pid: int) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "(gone)"
+
+
 def _start_endless_run(run_dir, tiny_model_dir, output) -> subprocess.Popen:
     """A launcher on a run too long to end by itself, returned once it is training with
     every component up."""
@@ -158,11 +167,20 @@ def test_ctrl_c_or_kill_stops_every_component(tmp_path, tiny_model_dir, sig):
 def test_components_end_when_the_launcher_is_killed(tmp_path, tiny_model_dir):
     """A SIGKILL gives the launcher no chance to stop anything: the components notice
     that it is gone and end themselves, instead of running on with nobody to stop them."""
+    import signal
+
     from astraflow.testing import wait_until
 
     run_dir = tmp_path / "killed"
     launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.DEVNULL)
     launcher.kill()
     launcher.wait(timeout=30)
-    wait_until(lambda: _processes_mentioning(str(run_dir)) == [], 120,
-               "every component to end after the launcher was killed")
+    try:
+        wait_until(lambda: _processes_mentioning(str(run_dir)) == [], 120,
+                   "every component to end after the launcher was killed")
+    except AssertionError as exc:  # name what stayed, and end it: not left to the suite
+        left = {pid: _command(pid) for pid in _processes_mentioning(str(run_dir))}
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"{exc}: still running: {left}") from None

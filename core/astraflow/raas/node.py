@@ -43,6 +43,8 @@ TURNAROUND_WEIGHT = 0.1
 #: wait for what it cannot see (a lease expiring, a task source refilling)
 IDLE_POLL = 0.2
 BUSY_POLL = 0.5
+#: longest a leaving node tries to tell the data layer so
+LEAVE_TIMEOUT = 5.0
 
 
 @dataclass
@@ -466,7 +468,9 @@ class RaaSNode:
                 t.cancel()
             if self.node_id is not None:
                 try:
-                    await self.client.leave(self.node_id)
+                    # not the client's minutes of retries: a node stopped because its
+                    # launcher died finds the data layer gone too, and must still end
+                    await asyncio.wait_for(self.client.leave(self.node_id), LEAVE_TIMEOUT)
                 except Exception as exc:  # leaving is best-effort: leases expire anyway
                     log.warning("leave failed: %r", exc)
             workflow = getattr(self, "workflow", None)
