@@ -52,7 +52,7 @@ class Submitter:
         """Seconds between two requests while submissions trickle in: long enough for
         ``LINGER_TASKS`` of this node's share of what the trainers consume (its pace, from
         the data layer), a small part of a step; 0 until the pace is known."""
-        rate = (getattr(self.client, "pace", None) or {}).get("tasks_per_second")
+        rate = self.client.pace.get("tasks_per_second")
         return min(MAX_LINGER, LINGER_TASKS / rate) if rate else 0.0
 
     async def submit(self, lease: Any, trajectories: Sequence[Any], lease_more: int = 0,
