@@ -8,6 +8,7 @@ is appended only when the command line names none, so both spellings mean the sa
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -170,6 +171,10 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     for ov in overrides:
         # ``agent.path=...`` is short for ``workflow.path=...`` (workflow=agent)
         ov = re.sub(r"^([+~]*)agent\.", r"\1workflow.", ov)
+        # ``model.path=~/models/x`` as the README writes it: the shell expands no ``~``
+        # after ``=`` in an argument and Hydra's grammar refuses one, so it is expanded
+        # here, to the home directory the user meant
+        ov = re.sub(r"^([^=~]+=)~(?=/|$)", lambda m: m[1] + os.path.expanduser("~"), ov)
         m = _GROUP_RE.match(ov)
         if not m or m["group"] not in GROUPS:
             out.append(ov)

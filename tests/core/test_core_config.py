@@ -76,3 +76,12 @@ def test_an_experiment_sets_values_inside_other_groups(overrides):
     assert "lm_head" in cfg.trainer.lora.target_modules
     # a value on the command line still wins over the experiment's
     assert compose_config([*overrides, "trainer.lr=1e-3"]).trainer.lr == pytest.approx(1e-3)
+
+
+def test_a_path_from_the_home_directory_is_expanded_as_the_shell_would():
+    import os
+
+    from astraflow.config import compose_config
+
+    cfg = compose_config(["model.path=~/models/Qwen2.5-0.5B-Instruct"])
+    assert cfg.model.path == os.path.expanduser("~/models/Qwen2.5-0.5B-Instruct")
