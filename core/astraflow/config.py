@@ -94,6 +94,10 @@ class AstraFlowConfig:
     #: the evaluator's CPU niceness (0-19): where it shares CPUs with a trainer or an
     #: engine it takes what they leave, so evaluating does not slow training
     eval_niceness: int = 10
+    #: keep a copy of each version due while the policy trains and score them all when
+    #: its trainer is done: evaluation takes no compute from the run (benchmarks; no
+    #: device to spare), its scores come at the end
+    eval_deferred: bool = False
     num_nodes: int = 1
     #: let the local launcher start and retire nodes after the data layer's autoscale
     #: report, keeping between min_nodes and max_nodes

@@ -5,6 +5,11 @@ its own engine whenever the policy has advanced ``eval_every`` versions, and alw
 at version 0 and at the final version. ``eval_accuracy`` is the mean reward of
 ``eval_samples`` samples per task at the workflow's temperature -- the policy as it
 is trained and deployed; ``eval_greedy_accuracy`` is temperature 0.
+
+With ``eval_deferred`` the evaluator only keeps a copy of each version due (on its own
+disk, under its work directory) while the policy trains, and scores them all once the
+trainer is done: evaluating then takes no compute from the run, whose clock stays the
+training's own (a benchmark; a machine with no device to spare for evaluation).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +30,7 @@ from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy, start_engines
 from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
+from astraflow.weights.client import Synced
 
 log = logging.getLogger("astraflow.eval")
 
@@ -93,10 +100,41 @@ class Evaluator:
         # one engine per policy (or one serving each as an adapter): the other policies
         # play their part at their newest version
         engines: list = []
+        deferred = bool(cfg.get("eval_deferred", False))
+        #: deferred: the versions kept until training ends, each with the weights of
+        #: every policy its workflow runs
+        kept: list[tuple[int, dict[str, Synced]]] = []
+
+        async def score(version: int, weights: dict[str, Synced]) -> None:
+            for policy, synced in weights.items():
+                await backends[policy].load(synced.path, synced.version)
+            self._log(version, await self.evaluate(backends, workflow, roles, tasks))
+
+        async def take(version: int | None) -> int:
+            """Sync the policy to ``version`` (the others to their newest), then score
+            it now, or keep a copy to score once training ends."""
+            weights: dict[str, Synced] = {}
+            for policy in backends:
+                synced = await asyncio.to_thread(self.weights.sync, policy,
+                                                 version if policy == self.policy else None)
+                weights[policy] = (Synced(synced.version, await asyncio.to_thread(
+                    self._keep, policy, synced.path)) if deferred else synced)
+            version = weights[self.policy].version
+            if deferred:
+                kept.append((version, weights))
+            else:
+                await score(version, weights)
+            return version
+
         try:
             backends = await start_engines(cfg, list(dict.fromkeys(roles.values())), engines)
             last = 0
-            self._log(0, await self.evaluate(backends, workflow, roles, tasks))
+            if deferred:  # the start weights too, as the trainer published them
+                while await asyncio.to_thread(self.weights.latest, self.policy) is None:
+                    await asyncio.sleep(0.2)
+                await take(0)
+            else:  # the engines hold the start weights
+                self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
@@ -107,14 +145,17 @@ class Evaluator:
                     # left, maybe after the read above
                     latest = await asyncio.to_thread(self.weights.latest, self.policy)
                 if latest is not None and latest > last and (done or due):
-                    for policy, backend in backends.items():
-                        target = latest if policy == self.policy else None
-                        version, path = await asyncio.to_thread(self.weights.sync, policy,
-                                                                target)
-                        await backend.load(path, version)
-                    self._log(latest, await self.evaluate(backends, workflow, roles, tasks))
-                    last = latest
+                    last = await take(latest)
                 elif done:
+                    if kept:
+                        log.info("training is done: scoring %d kept versions of %s",
+                                 len(kept), self.policy)
+                    for i, (version, weights) in enumerate(kept):
+                        await score(version, weights)
+                        later = {s.path for _, w in kept[i + 1:] for s in w.values()}
+                        for synced in weights.values():  # a real model's copy is GBs
+                            if synced.path not in later:
+                                shutil.rmtree(synced.path, ignore_errors=True)
                     return
                 else:
                     await asyncio.sleep(0.5)
@@ -123,6 +164,14 @@ class Evaluator:
                 await engine.shutdown()
             self.client.close()
             self.reporter.close()
+
+    def _keep(self, policy: str, path: Path) -> Path:
+        """A copy of a synced version that the next sync leaves alone."""
+        kept = self.weights.local_dir.parent / "kept" / self.policy / policy / path.name
+        if not kept.exists():
+            shutil.copytree(path, kept.with_name(kept.name + ".part"), dirs_exist_ok=True)
+            kept.with_name(kept.name + ".part").rename(kept)
+        return kept
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:
         record = {"kind": "eval", "policy": self.policy, "version": version, **accuracies,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -50,6 +51,35 @@ def test_run_directory_holds_config_metrics_plot_and_summary(smoke_run):
     records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").open()]
     versions = [r["version"] for r in records if r["kind"] == "train"]
     assert versions == sorted(versions) and versions[-1] == 3
+
+
+def test_deferred_evaluation_scores_every_due_version_after_training(tmp_path,
+                                                                     tiny_model_dir):
+    """``eval_deferred``: no evaluation while the trainer runs, then the same versions
+    a live evaluator would score (the start, every ``eval_every``, the final), and the
+    weight copies kept for it removed."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "+experiment=smoke", f"run_dir={run_dir}",
+         f"model.path={tiny_model_dir}", "launcher.progress=false", "steps=12",
+         "eval_every=4", "eval_deferred=true"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    trained = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    versions = [r["version"] for r in evals]
+    assert versions[0] == 0 and versions[-1] == 12, versions
+    assert versions == sorted(set(versions))
+    # every due version, the last before the final one at least eval_every apart
+    assert all(b - a >= 4 for a, b in itertools.pairwise(versions[:-1])), versions
+    assert min(r["time"] for r in evals) > max(r["time"] for r in trained)
+    assert all(0 <= r["eval_accuracy"] <= 1 for r in evals)
+    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
+    assert summary["final_eval_accuracy"] == evals[-1]["eval_accuracy"]
+    kept = list(run_dir.glob("**/kept/**/v*"))
+    assert kept == [], kept
 
 
 def test_the_run_logged_to_wandb_and_mlflow_offline_files(smoke_run):
