@@ -14,8 +14,12 @@ count and, for the latency job, the environment latency), so they cannot drift a
   trainer, evaluator and data layer as processes, one torch thread each);
 * TRL: ``GRPOTrainer`` in one process (HF ``generate``, 2 torch threads), in a
   virtualenv of its own (TRL pins its own versions), made once under
-  ``~/.cache/astraflow/venv-trl``. Its evaluation stops training, so its time is kept
-  out of TRL's clock; AstraFlow's evaluator runs beside the trainer and shares the CPU.
+  ``~/.cache/astraflow/venv-trl``.
+
+Evaluation counts for neither side: TRL's stops its training and its time is kept out
+of TRL's clock; AstraFlow's evaluator keeps a copy of each version due and scores them
+once training is done (``eval_deferred``; ``--live-eval``: beside the trainer, sharing
+the CPU, as a run does by default).
 
 For each accuracy threshold the table gives the training seconds each side needs to
 first reach it -- from the end of training step 1 to the end of the step whose weights
@@ -35,8 +39,15 @@ sample may be, how many tasks a node keeps in flight), the one allowed differenc
 between the two sides' configs; e.g. the latency job with
 ``--astraflow policies.policy.max_staleness=12 node_concurrency=256``.
 
+``--seed 0 1 2``: one job per seed, then each threshold's ratio across the seeds (the
+lowest, the median) and the final accuracies' mean difference with its standard error:
+one run's held-out curve moves by about its evaluation's standard error (0.018 at 100
+tasks x 8 samples), which decides a threshold both sides cross close together.
+``--eval-samples`` and ``--eval-every`` make the curves finer on both sides.
+
 Usage: python bench/peers.py [--steps 600] [--latency] [--skip-astraflow] [--skip-trl]
-       [--astraflow OVERRIDE...] [--seed N]
+       [--astraflow OVERRIDE...] [--seed N [N ...]] [--eval-every N] [--eval-samples N]
+       [--live-eval]
 Writes bench/results/peers.json (keys ``plain`` and ``latency``); the runs stay in
 runs/peers/.
 """
@@ -267,44 +278,26 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
               f"{_x(r['ratio_from_start'])}")
 
 
-def main() -> None:
-    from astraflow.config import AstraFlowConfig
-
-    defaults = AstraFlowConfig()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--eval-every", type=int, default=None,
-                        help=f"held-out evaluation every N steps (default {defaults.eval_every})")
-    parser.add_argument("--latency", action="store_true",
-                        help="the latency job (log-normal environment latency per sample)")
-    parser.add_argument("--latency-median", type=float, default=0.1)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
-    parser.add_argument("--skip-astraflow", action="store_true",
-                        help="keep AstraFlow's last figures for this job (same steps)")
-    parser.add_argument("--skip-trl", action="store_true",
-                        help="keep TRL's last figures for this job (same steps)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="both sides' seed (the warm-started model, the sampling); "
-                             "each seed's results are kept apart (plain-seed1, ...)")
-    parser.add_argument("--astraflow", nargs="+", default=[], metavar="OVERRIDE",
-                        help="AstraFlow settings TRL has no counterpart for, e.g. "
-                             "policies.policy.max_staleness=8 node_concurrency=256")
-    args = parser.parse_args()
+def run_job(args: argparse.Namespace, seed: int | None) -> tuple[str, dict[str, Any]]:
+    """One job (one seed): each side's run, the comparison; stored under the job's key."""
     job = "latency" if args.latency else "plain"
-    if args.seed is not None:
-        job += f"-seed{args.seed}"
+    if seed is not None:
+        job += f"-seed{seed}"
     # launcher.progress=false: the run's log gets no progress bar (both sides' config)
     overrides = ["launcher.progress=false", f"steps={args.steps}"]
     if args.eval_every is not None:
         overrides.append(f"eval_every={args.eval_every}")
-    if args.seed is not None:
-        overrides.append(f"seed={args.seed}")
+    if args.eval_samples is not None:
+        overrides.append(f"eval_samples={args.eval_samples}")
+    if seed is not None:
+        overrides.append(f"seed={seed}")
     if args.latency:
         overrides += ["workflow.latency.kind=lognormal",
                       f"workflow.latency.median={args.latency_median}",
                       f"workflow.latency.sigma={args.latency_sigma}"]
+    # TRL's evaluation stops its training and is taken off its clock; AstraFlow's
+    # evaluator scores kept versions once training is done, off its clock too
+    own = ([] if args.live_eval else ["eval_deferred=true"]) + list(args.astraflow)
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     previous = results.get(job, {})
     if previous.get("config", {}).get("overrides") != overrides:
@@ -323,14 +316,13 @@ def main() -> None:
         if "astraflow_no_latency" in previous:
             sides["astraflow_no_latency"] = previous["astraflow_no_latency"]
     else:
-        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared,
-                                           tuple(args.astraflow))
+        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared, tuple(own))
         if args.latency:
             # the baseline of latency's cost: the same AstraFlow settings, no latency
             plain = [o for o in overrides if not o.startswith("workflow.latency.")]
             sides["astraflow_no_latency"] = run_astraflow(
                 plain, root / "astraflow-no-latency",
-                shared_config(plain, root / "no-latency"), tuple(args.astraflow))
+                shared_config(plain, root / "no-latency"), tuple(own))
     if args.skip_trl:
         if "trl" in previous:
             sides["trl"] = previous["trl"]
@@ -344,13 +336,99 @@ def main() -> None:
         cost = (sides["astraflow"]["seconds_per_step"]
                 / sides["astraflow_no_latency"]["seconds_per_step"])
         print(f"  AstraFlow's step with latency / without (same settings): {cost:.2f}x")
-    results[job] = {"config": {"overrides": overrides, "threads": args.threads,
-                               "astraflow_overrides": args.astraflow,
-                               "model": str(shared.model.path)},
-                    "cpu": cpu, **sides, "thresholds": rows,
-                    "latency_step_ratio": cost}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    return job, {"config": {"overrides": overrides, "threads": args.threads,
+                            "astraflow_overrides": own, "model": str(shared.model.path)},
+                 "cpu": cpu, **sides, "thresholds": rows, "latency_step_ratio": cost}
+
+
+def spread(jobs: dict[str, dict[str, Any]], thresholds: list[float]) -> dict[str, Any]:
+    """Several seeds of one job side by side: per threshold each seed's ratio (from the
+    end of step 1), the lowest and the median; each seed's final accuracies and the mean
+    difference with its standard error."""
+    import statistics
+
+    rows = []
+    for i, th in enumerate(thresholds):
+        ratios = [j["thresholds"][i]["ratio_from_first_step"] for j in jobs.values()]
+        known = [r for r in ratios if r is not None]
+        rows.append({"threshold": th, "ratios": ratios,
+                     "lowest": min(known) if known else None,
+                     "median": statistics.median(known) if known else None})
+    finals = {name: {side: j[side]["final_eval_accuracy"] for side in ("astraflow", "trl")
+                     if side in j} for name, j in jobs.items()}
+    diffs = [f["astraflow"] - f["trl"] for f in finals.values() if len(f) == 2]
+    mean = statistics.fmean(diffs) if diffs else None
+    error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    return {"jobs": list(jobs), "thresholds": rows, "final": finals,
+            "final_difference_mean": mean, "final_difference_stderr": error}
+
+
+def report_spread(result: dict[str, Any]) -> None:
+    names = result["jobs"]
+    print(f"\n{len(names)} seeds ({', '.join(names)}) -- TRL / AstraFlow, from the end of "
+          "step 1 (--: not reached by both):")
+    print("  accuracy  " + "  ".join(f"{n.rsplit('-', 1)[-1]:>7}" for n in names)
+          + "   lowest  median")
+    for r in result["thresholds"]:
+        print(f"  {r['threshold']:8.2f}  " + "  ".join(f"{_x(x):>7}" for x in r["ratios"])
+              + f"   {_x(r['lowest'])}  {_x(r['median'])}")
+    print("  final eval_accuracy, AstraFlow vs TRL: " + ", ".join(
+        f"{n.rsplit('-', 1)[-1]} {f.get('astraflow', float('nan')):.3f} vs "
+        f"{f.get('trl', float('nan')):.3f}" for n, f in result["final"].items()))
+    if result["final_difference_mean"] is not None:
+        stderr = result["final_difference_stderr"]
+        print(f"  mean difference {result['final_difference_mean']:+.3f}"
+              + (f" (standard error {stderr:.3f})" if stderr is not None else ""))
+
+
+def main() -> None:
+    from astraflow.config import AstraFlowConfig
+
+    defaults = AstraFlowConfig()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help=f"held-out evaluation every N steps (default {defaults.eval_every})")
+    parser.add_argument("--eval-samples", type=int, default=None,
+                        help="sampled answers per held-out task in each evaluation (default "
+                             f"{defaults.eval_samples}); more: a less noisy curve")
+    parser.add_argument("--live-eval", action="store_true",
+                        help="AstraFlow's evaluator scores while training runs, sharing the "
+                             "CPU (its default) instead of after training (eval_deferred)")
+    parser.add_argument("--latency", action="store_true",
+                        help="the latency job (log-normal environment latency per sample)")
+    parser.add_argument("--latency-median", type=float, default=0.1)
+    parser.add_argument("--latency-sigma", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
+    parser.add_argument("--skip-astraflow", action="store_true",
+                        help="keep AstraFlow's last figures for this job (same steps)")
+    parser.add_argument("--skip-trl", action="store_true",
+                        help="keep TRL's last figures for this job (same steps)")
+    parser.add_argument("--seed", type=int, nargs="+", default=None, dest="seeds",
+                        help="both sides' seed (the warm-started model, the sampling); "
+                             "each seed's results are kept apart (plain-seed1, ...); several: "
+                             "one job per seed, then the spread across them")
+    parser.add_argument("--astraflow", nargs="+", default=[], metavar="OVERRIDE",
+                        help="AstraFlow settings TRL has no counterpart for, e.g. "
+                             "policies.policy.max_staleness=8 node_concurrency=256")
+    args = parser.parse_args()
+    jobs = {}
+    for seed in args.seeds or [None]:
+        job, result = run_job(args, seed)
+        jobs[job] = result
+        # each job is written as it ends: a long call interrupted keeps what it measured
+        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results[job] = result
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    if len(jobs) > 1:
+        result = spread(jobs, args.thresholds)
+        report_spread(result)
+        results = json.loads(RESULTS.read_text())
+        results["-".join(["latency" if args.latency else "plain", "seeds",
+                          *map(str, args.seeds)])] = {"cpu": cpu_model(), **result}
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {RESULTS}")
 
 
