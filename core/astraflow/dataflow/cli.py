@@ -27,6 +27,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--fd", type=int, help="serve on this inherited listening socket "
+                        "(a launcher binds it first, to start the components beside the "
+                        "data layer); --host names its address in the URL, --port is unused")
     parser.add_argument("--store", help="store directory (SQLite database, url file)")
     parser.add_argument("--config", help="a resolved run config (YAML) to take settings from")
     parser.add_argument("--policy", action="append", type=_policy, metavar="NAME=STALENESS",
@@ -73,5 +76,5 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
     from astraflow.dataflow.server import serve
 
-    serve(settings, args.host, args.port, token)
+    serve(settings, args.host, args.port, token, fd=args.fd)
     return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from astraflow.dataflow import listen
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
@@ -29,24 +30,6 @@ URL_FILE = "url"
 #: short-lived containers: at the default (700 allocations) the collector ran several
 #: times per submission, about 8% of the server's CPU during ingest (bench/dataflow.py)
 GC_THRESHOLDS = (20_000, 20, 20)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: the event loop only sets TCP_NODELAY on such sockets, and
-    # without it a reply written in two parts waits ~40 ms for a delayed ACK
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-def _url(host: str, sock: socket.socket) -> str:
-    port = sock.getsockname()[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _write_url(store: Path, url: str) -> None:
@@ -73,10 +56,11 @@ def _server(app: FastAPI) -> uvicorn.Server:
 
 
 def serve(settings: DataflowSettings, host: str, port: int, token: str,
-          registry: Registry | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; prints ``astraflow dataflow listening on URL``."""
-    sock = _bind(host, port)
-    url = _url(host, sock)
+          registry: Registry | None = None, fd: int | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; prints ``astraflow dataflow listening on URL``.
+    ``fd``: a listening socket the parent bound (a launcher that knew the URL first)."""
+    sock = listen.bind(host, port) if fd is None else listen.inherited(fd)
+    address = listen.url(host, sock)
     server = _server(create_app(settings, token, registry=registry))
     # what start-up built (the app, the state loaded from the store) lives as long as
     # the process: the collector need never scan it again
@@ -88,9 +72,9 @@ def serve(settings: DataflowSettings, host: str, port: int, token: str,
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
-            _write_url(settings.store_path, url)
+            _write_url(settings.store_path, address)
             mark_ready()  # a launcher restarts a data layer that dies from here on
-            print(f"astraflow dataflow listening on {url}", flush=True)
+            print(f"astraflow dataflow listening on {address}", flush=True)
         await task
 
     asyncio.run(main())
@@ -109,8 +93,8 @@ class BackgroundServer:
                  port: int = 0, registry: Registry | None = None) -> None:
         self.settings = settings
         self.app = create_app(settings, token, registry=registry)
-        self._sock = _bind(host, port)
-        self.url = _url(host, self._sock)
+        self._sock = listen.bind(host, port)
+        self.url = listen.url(host, self._sock)
         self._server = _server(self.app)
         self._thread = threading.Thread(target=self._run, name="dataflow-server", daemon=True)
         self._error: BaseException | None = None

@@ -120,11 +120,11 @@ class Gateway:
     async def start(self) -> str:
         import uvicorn
 
-        from astraflow.dataflow.server import _bind, _url
+        from astraflow.dataflow import listen
 
         s = self.settings
-        sock = _bind(s.host, s.port)
-        self.url = _url(s.advertise_host or s.host, sock)
+        sock = listen.bind(s.host, s.port)
+        self.url = listen.url(s.advertise_host or s.host, sock)
 
         class _Server(uvicorn.Server):
             # the node owns SIGINT/SIGTERM: the gateway is stopped with it

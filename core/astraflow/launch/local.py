@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -70,6 +71,8 @@ class LocalRun:
     children: dict[str, Child] = field(default_factory=dict)
     url: str = ""
     _http: httpx.Client | None = None
+    #: the data layer's listening socket, bound by the launcher (see start_dataflow)
+    _listener: socket.socket | None = None
 
     def get(self, route: str) -> dict[str, Any]:
         """``GET route`` of the data layer as JSON ({} when it does not answer), on one
@@ -84,7 +87,7 @@ class LocalRun:
         except httpx.HTTPError:
             return {}
 
-    def spawn(self, name: str, *args: str) -> Child:
+    def spawn(self, name: str, *args: str, pass_fds: tuple[int, ...] = ()) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid()),
@@ -92,22 +95,34 @@ class LocalRun:
         env.setdefault("OMP_NUM_THREADS", "1")
         with log.open("ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    pass_fds=pass_fds)
         previous = self.children.get(name)
         child = Child(name, args, proc, log, previous.restarts if previous else 0)
         self.children[name] = child
         return child
 
     def start_dataflow(self) -> None:
-        """Start the data layer; a restart binds the port it had, so clients reconnect
-        to the URL they were given."""
-        store = self.run_dir / "store"
-        url_file = store / "url"
-        url_file.unlink(missing_ok=True)
-        port = httpx.URL(self.url).port if self.url else self.cfg.dataflow.port
-        child = self.spawn("dataflow", "dataflow", "--host", self.cfg.dataflow.host,
-                           "--port", str(port), "--store", str(store),
-                           "--config", str(self.run_dir / "config.yaml"))
+        """Start the data layer on a socket the launcher bound and keeps: the URL is
+        known at once, so the components start (and import torch) while the data layer
+        starts, and a restart serves the same address, where the requests made meanwhile
+        wait. :meth:`wait_dataflow` waits until it listens."""
+        from astraflow.dataflow import listen
+
+        (self.run_dir / "store" / "url").unlink(missing_ok=True)
+        host = self.cfg.dataflow.host
+        if self._listener is None:
+            self._listener = listen.bind(host, int(self.cfg.dataflow.port))
+            self.url = listen.url(host, self._listener)
+        fd = self._listener.fileno()
+        self.spawn("dataflow", "dataflow", "--fd", str(fd), "--host", host,
+                   "--store", str(self.run_dir / "store"),
+                   "--config", str(self.run_dir / "config.yaml"), pass_fds=(fd,))
+
+    def wait_dataflow(self) -> None:
+        """Until the data layer listens (it wrote its URL); an error if it exited."""
+        child = self.children["dataflow"]
+        url_file = self.run_dir / "store" / "url"
         deadline = time.time() + 120
         while not url_file.exists():
             if child.proc.poll() is not None:
@@ -115,8 +130,7 @@ class LocalRun:
                                    f"it listened; the end of {child.log}:\n{child.log_tail()}")
             if time.time() > deadline:
                 raise TimeoutError(f"the data layer did not start; see {child.log}")
-            time.sleep(0.1)
-        self.url = url_file.read_text().strip()
+            time.sleep(0.05)
         child.ready_file.touch()
         self.announce_url()
 
@@ -202,6 +216,7 @@ class LocalRun:
                        restart=child.restarts)
             if child.name == "dataflow":
                 self.start_dataflow()
+                self.wait_dataflow()
             else:
                 self.spawn(child.name, *child.args)
 
@@ -422,6 +437,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     try:
         job.start_dataflow()
         job.start_components()
+        job.wait_dataflow()
         # after the components started, not before: a logger's library may import torch
         # (tensorboardX does), seconds the launcher would keep them waiting
         loggers.open()

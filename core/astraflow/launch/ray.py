@@ -284,6 +284,10 @@ class RayRun(LocalRun):
             self.url = f"http://{ip}:{port}"
         self.announce_url()
 
+    def wait_dataflow(self) -> None:
+        """:meth:`start_dataflow` waited already: the components need the address of the
+        machine Ray placed the data layer on."""
+
     def _pending(self, what: str) -> str:
         available = self.ray.available_resources()
         return (f"{what} did not start: Ray could not place it or it is still starting; "
