@@ -100,6 +100,8 @@ class Evaluator:
         # one engine per policy (or one serving each as an adapter): the other policies
         # play their part at their newest version
         engines: list = []
+        backends: dict = {}
+        policies = list(dict.fromkeys(roles.values()))
         deferred = bool(cfg.get("eval_deferred", False))
         #: deferred: the versions kept until training ends, each with the weights of
         #: every policy its workflow runs
@@ -114,7 +116,7 @@ class Evaluator:
             """Sync the policy to ``version`` (the others to their newest), then score
             it now, or keep a copy to score once training ends."""
             weights: dict[str, Synced] = {}
-            for policy in backends:
+            for policy in policies:
                 synced = await asyncio.to_thread(self.weights.sync, policy,
                                                  version if policy == self.policy else None)
                 weights[policy] = (Synced(synced.version, await asyncio.to_thread(
@@ -127,13 +129,14 @@ class Evaluator:
             return version
 
         try:
-            backends = await start_engines(cfg, list(dict.fromkeys(roles.values())), engines)
             last = 0
-            if deferred:  # the start weights too, as the trainer published them
+            if deferred:  # the start weights too, as the trainer published them; the
+                # engines start when training is done, their start-up none of its CPU
                 while await asyncio.to_thread(self.weights.latest, self.policy) is None:
                     await asyncio.sleep(0.2)
                 await take(0)
             else:  # the engines hold the start weights
+                backends.update(await start_engines(cfg, policies, engines))
                 self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
@@ -150,6 +153,7 @@ class Evaluator:
                     if kept:
                         log.info("training is done: scoring %d kept versions of %s",
                                  len(kept), self.policy)
+                        backends.update(await start_engines(cfg, policies, engines))
                     for i, (version, weights) in enumerate(kept):
                         await score(version, weights)
                         later = {s.path for _, w in kept[i + 1:] for s in w.values()}
