@@ -6,8 +6,6 @@ import hmac
 import os
 import secrets
 
-from fastapi import Header, HTTPException
-
 TOKEN_ENV = "ASTRAFLOW_TOKEN"
 
 
@@ -18,6 +16,10 @@ def resolve_token(token: str | None = None) -> str:
 
 def bearer_auth(token: str):
     """A FastAPI dependency that rejects requests without ``Authorization: Bearer <token>``."""
+    # imported here: the clients (every component, the launcher) import this module for
+    # TOKEN_ENV, and fastapi is 0.3 s of start-up they do not need
+    from fastapi import Header, HTTPException
+
     expected = f"Bearer {token}".encode()
 
     def check(authorization: str | None = Header(default=None)) -> None:
