@@ -74,6 +74,9 @@ class DataflowConfig:
     lease_seconds: float = 60.0
     buffer_capacity: int = 4096
     heartbeat_timeout: float = 30.0
+    #: at a run's end, tasks for this many batches beyond the last are issued, so the
+    #: last batches take the first groups back, not the slowest (0: exactly the need)
+    end_spare_batches: int = 1
 
 
 @dataclass

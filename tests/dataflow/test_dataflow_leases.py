@@ -183,7 +183,7 @@ def test_no_task_is_issued_past_the_steps_the_trainer_has_left(start_server, con
     """At a run's end the nodes are not kept generating batches no step will take: the
     trainer says at each acknowledgement how many steps it has left."""
     server = start_server(task={"name": "arithmetic"}, policies={"policy": 10},
-                          group_size=2, batch_size=4)
+                          group_size=2, batch_size=4, end_spare_batches=0)
     node, trainer = connect(server), connect(server)
     node.register("raas")
     trainer.register("trainer", policies=["policy"])
@@ -209,3 +209,32 @@ def test_no_task_is_issued_past_the_steps_the_trainer_has_left(start_server, con
     st = node.status()["policies"]["policy"]
     assert st["buffered"] == 0 and st["consumed"] == 12
     assert st["admission_refusals"]["run_covered"] >= 2
+
+
+def test_a_runs_last_batches_take_the_first_groups_back_from_a_spare_batch(start_server,
+                                                                           connect):
+    """``end_spare_batches=1``: at a run's end one batch more than the steps left is
+    issued, so the last batch is not held by its slowest group; the spare is left over."""
+    server = start_server(task={"name": "arithmetic"}, policies={"policy": 10},
+                          group_size=2, batch_size=4, end_spare_batches=1)
+    node, trainer = connect(server), connect(server)
+    node.register("raas")
+    trainer.register("trainer", policies=["policy"])
+    first = node.lease_tasks(max_tasks=2)
+    for lease in first:
+        node.submit(lease, group(lease.task.task_id, [0.0, 1.0]))
+    batch = trainer.get_batch("policy", 4, timeout=1)
+    trainer.ack_batch(batch.batch_id, step_seconds=0.1, steps_left=1)
+    # one step left: its batch's two tasks and a spare batch's two
+    leases = node.lease_tasks(max_tasks=10)
+    assert len(leases) == 4
+    assert node.lease_tasks(max_tasks=10) == []
+    assert "enough for the run" in node.backpressure["policy"]
+    # the two that come back first make the last batch; the slow two need not come
+    for lease in leases[2:]:
+        node.submit(lease, group(lease.task.task_id, [1.0, 0.0]))
+    last = trainer.get_batch("policy", 4, timeout=1)
+    assert {i.trajectory.task_id for i in last.items} == {lease.task.task_id
+                                                          for lease in leases[2:]}
+    trainer.ack_batch(last.batch_id, step_seconds=0.1, steps_left=0)
+    assert node.lease_tasks(max_tasks=10) == []  # the run needs nothing more

@@ -68,12 +68,15 @@ class LeasingMixin:
 
     def _samples_still_needed(self, policy: str, held: int) -> int | None:
         """Samples the policy's trainer, holding ``held`` batches, has yet to be served
-        for the steps it said it has left (None until it says): a run's end generates
-        nothing past its last batch."""
+        for the steps it said it has left (None until it says), with
+        ``end_spare_batches`` more while it needs any: a run's end generates nothing
+        past its last batches, which take the first groups back, not the slowest."""
         left = self.steps_left.get(policy)
         if left is None:
             return None
-        return max(0, left - held) * self.settings.batch_size
+        steps = max(0, left - held)
+        spare = self.settings.end_spare_batches if steps else 0
+        return (steps + spare) * self.settings.batch_size
 
     def admission(self, held: dict[str, int], node_id: str | None = None
                   ) -> tuple[int, dict[str, str]]:

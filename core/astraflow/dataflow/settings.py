@@ -36,6 +36,10 @@ class DataflowSettings:
     lease_seconds: float = 60.0
     buffer_capacity: int = 4096
     heartbeat_timeout: float = 30.0
+    #: at a run's end, tasks for this many batches beyond the trainers' last are issued,
+    #: so the last batches take the first groups back instead of waiting for the
+    #: slowest (0: exactly what the run needs; the spare is left over, reported apart)
+    end_spare_batches: int = 1
     task: Any = None
     data: dict[str, Any] = field(default_factory=dict)
     max_body_bytes: int = 64 * 1024 * 1024
@@ -58,6 +62,9 @@ class DataflowSettings:
         for key in ("group_size", "batch_size", "buffer_capacity"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"dataflow {key} must be >= 1, got {getattr(self, key)}")
+        if self.end_spare_batches < 0:
+            raise ConfigError(f"dataflow.end_spare_batches={self.end_spare_batches}; must be "
+                              ">= 0")
         if self.lease_seconds <= 0 or self.heartbeat_timeout <= 0:
             raise ConfigError("dataflow lease_seconds and heartbeat_timeout must be > 0")
         if self.synchronous.upper() not in ("NORMAL", "FULL"):
@@ -96,6 +103,7 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
         lease_seconds=float(df.lease_seconds),
         buffer_capacity=int(df.buffer_capacity),
         heartbeat_timeout=float(df.heartbeat_timeout),
+        end_spare_batches=int(df.get("end_spare_batches", 1)),
         task=_plain(cfg.task),
         data=data,
     )
