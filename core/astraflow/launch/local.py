@@ -112,7 +112,12 @@ class LocalRun:
         (self.run_dir / "store" / "url").unlink(missing_ok=True)
         host = self.cfg.dataflow.host
         if self._listener is None:
-            self._listener = listen.bind(host, int(self.cfg.dataflow.port))
+            port = int(self.cfg.dataflow.port)
+            try:
+                self._listener = listen.bind(host, port)
+            except OSError as exc:
+                raise RuntimeError(f"dataflow.host={host} dataflow.port={port}: cannot "
+                                   f"listen there ({exc.strerror or exc})") from None
             self.url = listen.url(host, self._listener)
         fd = self._listener.fileno()
         self.spawn("dataflow", "dataflow", "--fd", str(fd), "--host", host,
