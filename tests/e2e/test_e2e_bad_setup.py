@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,13 @@ def test_a_value_of_the_wrong_type_says_why(tmp_path, override, said):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and override in lines[0] and said in lines[0], proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_data_layer_port_already_in_use(tmp_path, tiny_model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(launch(tmp_path, f"model.path={tiny_model_dir}",
+                              f"dataflow.port={port}"), tmp_path)
+    assert f"dataflow.port={port}" in line and "cannot listen" in line

@@ -112,17 +112,26 @@ class LocalRun:
         (self.run_dir / "store" / "url").unlink(missing_ok=True)
         host = self.cfg.dataflow.host
         if self._listener is None:
-            port = int(self.cfg.dataflow.port)
-            try:
-                self._listener = listen.bind(host, port)
-            except OSError as exc:
-                raise RuntimeError(f"dataflow.host={host} dataflow.port={port}: cannot "
-                                   f"listen there ({exc.strerror or exc})") from None
+            self._listener = self.bind_dataflow(self.cfg)
+        if not self.url:
             self.url = listen.url(host, self._listener)
         fd = self._listener.fileno()
         self.spawn("dataflow", "dataflow", "--fd", str(fd), "--host", host,
                    "--store", str(self.run_dir / "store"),
                    "--config", str(self.run_dir / "config.yaml"), pass_fds=(fd,))
+
+    @staticmethod
+    def bind_dataflow(cfg: DictConfig) -> socket.socket | None:
+        """The data layer's listening socket, bound before anything starts: a port in
+        use is a set-up mistake, said in one line."""
+        from astraflow.dataflow import listen
+
+        host, port = cfg.dataflow.host, int(cfg.dataflow.port)
+        try:
+            return listen.bind(host, port)
+        except OSError as exc:
+            raise ConfigError(f"dataflow.host={host} dataflow.port={port}: cannot listen "
+                              f"there ({exc.strerror or exc})") from None
 
     def wait_dataflow(self) -> None:
         """Until the data layer listens (it wrote its URL); an error if it exited."""
@@ -433,8 +442,9 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     from astraflow.launch.progress import Progress
 
     started = time.time()
+    listener = job_cls.bind_dataflow(cfg)
     cfg, run_dir = prepare(cfg)
-    job = job_cls(cfg, run_dir, resolve_token())
+    job = job_cls(cfg, run_dir, resolve_token(), _listener=listener)
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
     _stop_on_sigterm()

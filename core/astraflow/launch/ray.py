@@ -284,6 +284,11 @@ class RayRun(LocalRun):
             self.url = f"http://{ip}:{port}"
         self.announce_url()
 
+    @staticmethod
+    def bind_dataflow(cfg: DictConfig) -> None:
+        """The data layer listens wherever Ray places it (see :meth:`start_dataflow`)."""
+        return None
+
     def wait_dataflow(self) -> None:
         """:meth:`start_dataflow` waited already: the components need the address of the
         machine Ray placed the data layer on."""
