@@ -30,6 +30,7 @@ from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy, start_engines
 from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
+from astraflow.weights._fs import build_dir
 from astraflow.weights.client import Synced
 
 log = logging.getLogger("astraflow.eval")
@@ -173,8 +174,8 @@ class Evaluator:
         """A copy of a synced version that the next sync leaves alone."""
         kept = self.weights.local_dir.parent / "kept" / self.policy / policy / path.name
         if not kept.exists():
-            shutil.copytree(path, kept.with_name(kept.name + ".part"), dirs_exist_ok=True)
-            kept.with_name(kept.name + ".part").rename(kept)
+            build_dir(kept, lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True),
+                      Path.exists)
         return kept
 
     def _log(self, version: int, accuracies: dict[str, float]) -> None:
