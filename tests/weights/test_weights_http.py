@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import httpx
 import pytest
@@ -11,7 +12,7 @@ from astraflow.weights import safetensors_io as st
 from astraflow.weights.client import HttpPublishTarget, WeightClient
 from astraflow.weights.errors import WeightsError
 from astraflow.weights.publisher import WeightPublisher
-from astraflow.weights.store import MODEL_FILE, delta_name
+from astraflow.weights.store import MANIFEST, MODEL_FILE, delta_name
 
 from .conftest import TOKEN, make_model, same, step
 
@@ -148,3 +149,25 @@ def test_publishing_an_old_version_is_refused(server):
     with pytest.raises(WeightsError, match="409"):
         WeightPublisher(target, "p").publish(1, make_model())
     target.close()
+
+
+def test_a_commit_sent_again_after_its_answer_was_lost_succeeds_again(server):
+    """The data layer can die after making a version visible and before answering; the
+    trainer's retry must then get the same answer, not 'PUT them first'."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    target = HttpPublishTarget(server.url, TOKEN)
+    WeightPublisher(target, "p").publish(1, make_model())
+    target.close()
+    manifest = (server.store.version_dir("p", 1) / MANIFEST).read_bytes()
+    again = httpx.post(f"{server.url}/v1/weights/p/1/commit", content=manifest, headers=auth)
+    assert again.status_code == 201, again.text
+    assert again.json() == server.store.manifest("p", 1)
+    assert server.published == [("p", 1), ("p", 1)]  # announced again: idempotent
+    # a different manifest for a held version is not a replay
+    other = json.loads(manifest)
+    name = next(iter(other["files"]))
+    other["files"][name]["sha256"] = "0" * 64
+    changed = httpx.post(f"{server.url}/v1/weights/p/1/commit",
+                         content=json.dumps(other).encode(), headers=auth)
+    assert changed.status_code == 404 and "PUT them first" in changed.json()["detail"]
+    assert server.store.versions("p") == [1]

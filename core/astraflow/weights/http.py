@@ -18,7 +18,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from astraflow.weights.errors import CorruptError, VersionError
-from astraflow.weights.store import MANIFEST, WeightStore, check_file_name, check_policy
+from astraflow.weights.store import (
+    MANIFEST,
+    WeightStore,
+    check_file_name,
+    check_policy,
+    parse_manifest,
+)
 
 DEFAULT_MAX_UPLOAD_BYTES = 64 << 30
 
@@ -107,11 +113,27 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
                                      f"{digest.hexdigest()}, expected {sha256}; upload again")
         return {"name": name, "bytes": size, "sha256": digest.hexdigest()}
 
+    def committed_already(policy: str, version: int, body: bytes) -> dict[str, Any] | None:
+        """The manifest of ``version`` if the store already holds it as ``body`` describes:
+        a commit retried because its answer was lost (the data layer died after the
+        rename) succeeds again instead of failing the trainer."""
+        try:
+            held = store.manifest(policy, version)
+            sent = parse_manifest(body, policy, version)
+        except (ValueError, VersionError, CorruptError):
+            return None
+        return held if held == sent else None
+
     @router.post("/{policy}/{version}/commit", status_code=201)
     async def commit(policy: str, version: int, request: Request) -> dict[str, Any]:
         body = await request.body()
         directory = guarded(lambda: upload_dir(policy, version))
         if not directory.is_dir():
+            replayed = await run_in_threadpool(committed_already, policy, version, body)
+            if replayed is not None:
+                if on_publish is not None:
+                    on_publish(policy, version)
+                return replayed
             raise HTTPException(404, f"no files uploaded for {policy} v{version}; PUT them first")
 
         def finish() -> dict[str, Any]:
