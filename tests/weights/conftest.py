@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,16 +97,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    store = WeightStore(tmp_path / "store", keep_fulls=2)
+@contextmanager
+def serving(store: WeightStore, port: int | None = None) -> Iterator[Server]:
+    """The weight routes over ``store`` on a real uvicorn server on 127.0.0.1."""
     published: list[tuple[str, int]] = []
     app = FastAPI()
     app.include_router(weights_router(store, bearer_auth(TOKEN),
                                       on_publish=lambda p, v: published.append((p, v)),
                                       max_upload_bytes=1 << 20))
     wrapper = CutOnce(app)
-    port = _free_port()
+    port = port or _free_port()
     uv = uvicorn.Server(uvicorn.Config(wrapper, host="127.0.0.1", port=port, log_level="error",
                                        lifespan="off"))
     thread = threading.Thread(target=uv.run, daemon=True)
@@ -117,6 +118,14 @@ def server(tmp_path: Path) -> Iterator[Server]:
             break
         started.wait(0.01)
     assert uv.started, "uvicorn did not start within 5 s"
-    yield Server(f"http://127.0.0.1:{port}", store, wrapper, published)
-    uv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield Server(f"http://127.0.0.1:{port}", store, wrapper, published)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with serving(WeightStore(tmp_path / "store", keep_fulls=2)) as running:
+        yield running

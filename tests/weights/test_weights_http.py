@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 
 import httpx
 import pytest
 
+from astraflow.testing import wait_until
 from astraflow.weights import safetensors_io as st
 from astraflow.weights.client import HttpPublishTarget, WeightClient
 from astraflow.weights.errors import WeightsError
 from astraflow.weights.publisher import WeightPublisher
-from astraflow.weights.store import MANIFEST, MODEL_FILE, delta_name
+from astraflow.weights.store import MANIFEST, MODEL_FILE, WeightStore, delta_name
 
-from .conftest import TOKEN, make_model, same, step
+from .conftest import TOKEN, _free_port, make_model, same, serving, step
 
 
 def test_trainer_uploads_and_late_joiner_catches_up(server, tmp_path):
@@ -171,3 +174,30 @@ def test_a_commit_sent_again_after_its_answer_was_lost_succeeds_again(server):
                          content=json.dumps(other).encode(), headers=auth)
     assert changed.status_code == 404 and "PUT them first" in changed.json()["detail"]
     assert server.store.versions("p") == [1]
+
+
+def test_a_publish_rides_through_a_data_layer_away_for_longer_than_its_retries(tmp_path):
+    """A trainer's publish retries by time, as its data client does: a data layer that
+    restarts slowly (no listener for 4 s, past five retries' 3.1 s of backoff) costs the
+    trainer a wait, not its life."""
+    port = _free_port()
+    target = HttpPublishTarget(f"http://127.0.0.1:{port}", TOKEN)  # as a trainer makes it
+    failed: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            WeightPublisher(target, "p").publish(1, make_model())
+        except BaseException as exc:
+            failed.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    # the outage: nothing listens on the port for 4 s, or until the publish gave up
+    wait_until(lambda: failed or time.monotonic() - started > 4.0, 10, "the outage")
+    assert not failed, failed
+    with serving(WeightStore(tmp_path / "store"), port) as server:
+        thread.join(timeout=60)
+        assert not thread.is_alive() and not failed, failed
+        assert server.published == [("p", 1)] and server.store.latest("p") == 1
+    target.close()

@@ -47,17 +47,24 @@ class _Http:
     """httpx with bearer auth, retries and exponential backoff on transient failures."""
 
     def __init__(self, base_url: str, token: str, *, retries: int = 5, backoff: float = 0.1,
-                 max_backoff: float = 5.0, timeout: float = 30.0) -> None:
+                 max_backoff: float = 5.0, timeout: float = 30.0,
+                 retry_for: float = 0.0) -> None:
         self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                    headers={"Authorization": f"Bearer {token}"})
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        #: keep retrying for this many seconds even past ``retries`` attempts
+        self.retry_for = retry_for
 
     def retrying(self) -> Iterator[int]:
-        """Attempt numbers, sleeping between them; the caller breaks out on success."""
-        for attempt in range(self.retries + 1):
+        """Attempt numbers, sleeping between them; the caller breaks out on success.
+        At least ``retries`` retries, and more until ``retry_for`` seconds have gone."""
+        give_up = time.monotonic() + self.retry_for
+        attempt = 0
+        while attempt <= self.retries or time.monotonic() < give_up:
             if attempt:
                 time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
             yield attempt
+            attempt += 1
 
     def request(self, method: str, url: str, body: Path | None = None,
                 **kwargs: Any) -> httpx.Response:
@@ -77,7 +84,8 @@ class _Http:
             if response.status_code < 500:
                 return _checked(response)
             error = WeightsError(f"{method} {url}: {response.status_code} {response.text}")
-        raise WeightsError(f"{method} {url} failed after {self.retries} retries: {error}")
+        raise WeightsError(f"{method} {url} failed after {self.retries} retries"
+                           f"{f' and {self.retry_for:.0f} s' if self.retry_for else ''}: {error}")
 
     def close(self) -> None:
         self.client.close()
@@ -258,11 +266,16 @@ class WeightClient:
 
 
 class HttpPublishTarget:
-    """A trainer's upload path to the data layer: PUT each file, then commit the manifest."""
+    """A trainer's upload path to the data layer: PUT each file, then commit the manifest.
+
+    Transport errors and 5xx are retried for ``retry_for`` seconds, as the trainer's data
+    client does, so a publish rides through a data layer's restart (every call is
+    idempotent, the commit included) instead of failing the trainer."""
 
     def __init__(self, base_url: str, token: str, *, retries: int = 5,
-                 timeout: float = 300.0) -> None:
-        self.http = _Http(base_url, token, retries=retries, timeout=timeout)
+                 timeout: float = 300.0, retry_for: float = 300.0) -> None:
+        self.http = _Http(base_url, token, retries=retries, timeout=timeout,
+                          retry_for=retry_for)
 
     def staging(self, policy: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"astraflow-{check_policy(policy)}-"))
