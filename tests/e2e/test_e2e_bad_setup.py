@@ -238,3 +238,10 @@ def test_a_data_layer_port_already_in_use(tmp_path, tiny_model_dir):
         line = refused(launch(tmp_path, f"model.path={tiny_model_dir}",
                               f"dataflow.port={port}"), tmp_path)
     assert f"dataflow.port={port}" in line and "cannot listen" in line
+
+
+def test_a_data_layer_port_out_of_range(tmp_path, tiny_model_dir):
+    line = refused(launch(tmp_path, f"model.path={tiny_model_dir}", "dataflow.port=99999"),
+                   tmp_path)
+    assert line == ("astraflow: error: dataflow.host=127.0.0.1 dataflow.port=99999: cannot "
+                    "listen there (bind(): port must be 0-65535.)")

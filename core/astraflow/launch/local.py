@@ -129,9 +129,9 @@ class LocalRun:
         host, port = cfg.dataflow.host, int(cfg.dataflow.port)
         try:
             return listen.bind(host, port)
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
             raise ConfigError(f"dataflow.host={host} dataflow.port={port}: cannot listen "
-                              f"there ({exc.strerror or exc})") from None
+                              f"there ({getattr(exc, 'strerror', None) or exc})") from None
 
     def wait_dataflow(self) -> None:
         """Until the data layer listens (it wrote its URL); an error if it exited."""
