@@ -137,6 +137,17 @@ def cmd_dataflow(argv: list[str]) -> int:
     return dataflow_main(argv)
 
 
+@command("_preload")
+def cmd_preload(argv: list[str]) -> int:
+    """(internal) The parent the local launcher forks components from."""
+    parser = argparse.ArgumentParser(prog="astraflow _preload", description=cmd_preload.__doc__)
+    parser.add_argument("--fd", type=int, required=True, help="the launcher's socket")
+    args = parser.parse_args(argv)
+    from astraflow.launch.preload_server import main as preload_main
+
+    return preload_main(args.fd)
+
+
 def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
     """For a mistyped setting: one line naming it and the settings its section has."""
     import difflib

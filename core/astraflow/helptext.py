@@ -145,6 +145,8 @@ def overview(commands: dict[str, Any]) -> str:
 
     lines = [USAGE, "", "Commands:"]
     for name, fn in sorted(commands.items()):
+        if name.startswith("_"):  # internal: started by the launcher
+            continue
         doc = (inspect.getdoc(fn) or "").split("\n")[0]
         lines.append(f"  {name:10} {doc}")
     lines += ["", "Config groups (GROUP=OPTION; --help GROUP=OPTION shows its settings):"]

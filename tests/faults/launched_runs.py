@@ -67,6 +67,18 @@ def restarts(run_dir: Path) -> list[dict[str, Any]]:
             if r["event"] == "restart"]
 
 
+def starts(run_dir: Path, component: str) -> list[dict[str, Any]]:
+    """The launcher's start events of ``component``: pid, and whether it was forked from
+    the preloaded parent."""
+    return [r for r in records(run_dir / "metrics" / "launcher.jsonl")
+            if r["event"] == "start" and r["component"] == component]
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def pids_of(*needles: str) -> list[int]:
     """Processes whose command line holds every needle."""
     found = []

@@ -1,5 +1,6 @@
-"""SIGKILL the data layer, a RaaS node and a trainer mid-run: the launcher restarts each,
-the run completes, and the data layer's ledger shows nothing lost or counted twice."""
+"""SIGKILL the data layer, a RaaS node and a trainer mid-run: the launcher restarts each
+(the node and the trainer forked again from the preloaded parent), the run completes,
+and the data layer's ledger shows nothing lost or counted twice."""
 
 from __future__ import annotations
 
@@ -30,11 +31,17 @@ def test_run_survives_sigkill_of_data_layer_node_and_trainer(tmp_path, tiny_mode
         runs.wait_for(restarted(1), 60, "the data layer's restart", launcher)
         runs.wait_for(lambda: step() >= 5, 120, "trainer step 5 after the data layer's restart",
                       launcher)
+        (node,) = runs.pids_of(" raas ", f"--work-dir {run_dir} ", "--name node-0")
+        # forked, yet the launcher's own child with the command line of a fresh start
+        start = runs.starts(run_dir, "raas-0")[-1]
+        assert (start["pid"], start["forked"]) == (node, True)
+        assert runs.parent_of(node) == launcher.pid
         runs.kill(" raas ", f"--work-dir {run_dir} ", "--name node-0")
         runs.wait_for(restarted(2), 60, "the node's restart", launcher)
         runs.wait_for(lambda: step() >= 7, 120, "trainer step 7", launcher)
         killed_at = runs.train_records(run_dir)[-1]["version"]
-        runs.kill(" train ", f"--work-dir {run_dir} ")
+        trainer = runs.kill(" train ", f"--work-dir {run_dir} ")
+        assert runs.starts(run_dir, "trainer-policy")[-1]["pid"] == trainer
         runs.wait_for(restarted(3), 60, "the trainer's restart", launcher)
         _out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
@@ -42,6 +49,10 @@ def test_run_survives_sigkill_of_data_layer_node_and_trainer(tmp_path, tiny_mode
     assert [r["component"] for r in runs.restarts(run_dir)] == ["dataflow", "raas-0",
                                                                  "trainer-policy"]
     assert all(r["exit_code"] == -9 for r in runs.restarts(run_dir))
+    # each was forked from the preloaded parent, at its start and at its restart
+    for name in ("raas-0", "trainer-policy"):
+        assert [s["forked"] for s in runs.starts(run_dir, name)] == [True, True], name
+    assert [s["forked"] for s in runs.starts(run_dir, "dataflow")] == [False, False]
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == STEPS
     # the killed trainer resumed from its checkpoint: its policy's version continued

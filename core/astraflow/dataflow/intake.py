@@ -223,6 +223,7 @@ class IntakeMixin:
         self.counters.update(deltas)
         for item in items:
             self.fresh[item.policy][item.id] = item
+            self.first_accepted.setdefault(item.policy, time.time())
         if accepted:
             self.autoscale.produce(pool, accepted)
         if node_id in self.nodes:

@@ -123,6 +123,7 @@ class ObservabilityMixin:
                                  "reward_failed")
                 },
                 "first_reward_error": self.reward_errors.get(p),
+                "first_accepted_at": self.first_accepted.get(p),
                 "admission_refusals": dict(self.refusals[p]),
                 **self._yield(p, produced[p], consumed[p], stale_by_pool[p]),
             }

@@ -107,6 +107,9 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         self._plugin_saved: dict[str, str] = {}
         #: the first traceback of a failed reward per policy (for the console and metrics)
         self.reward_errors: dict[str, str] = {}
+        #: when (epoch seconds) this process accepted its first trajectory per policy:
+        #: what start-up cost a run, until rollouts flowed
+        self.first_accepted: dict[str, float] = {}
         self.autoscale = AutoscaleWindow(settings.autoscale_window)
         self.pacing = Pacing()
         #: the dashboard's series (steps, staleness, evaluations, refreshes)

@@ -25,7 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
+from astraflow.launch import preload
 from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
+from astraflow.launch.preload import ForkedProcess
 from astraflow.launch.report import write_report
 from astraflow.loggers.base import Loggers, check_loggers
 from astraflow.plugins import get_registry
@@ -36,7 +38,7 @@ from astraflow.security import TOKEN_ENV, resolve_token
 class Child:
     name: str
     args: tuple[str, ...]
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     log: Path
     restarts: int = 0
     #: stopped on purpose (a retired node): its exit is not a fault
@@ -73,6 +75,8 @@ class LocalRun:
     _http: httpx.Client | None = None
     #: the data layer's listening socket, bound by the launcher (see start_dataflow)
     _listener: socket.socket | None = None
+    #: the parent components are forked from (``launcher.preload``), if any
+    preloader: preload.Preloader | None = None
 
     def get(self, route: str) -> dict[str, Any]:
         """``GET route`` of the data layer as JSON ({} when it does not answer), on one
@@ -87,20 +91,46 @@ class LocalRun:
         except httpx.HTTPError:
             return {}
 
+    def env(self, ready: Path | None = None) -> dict[str, str]:
+        """The environment of a component (and of the preloaded parent it forks from)."""
+        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid())})
+        if ready is not None:
+            env[READY_ENV] = str(ready)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
     def spawn(self, name: str, *args: str, pass_fds: tuple[int, ...] = ()) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid()),
-                                  READY_ENV: str(log.with_suffix(".ready"))})
-        env.setdefault("OMP_NUM_THREADS", "1")
-        with log.open("ab") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    pass_fds=pass_fds)
+        env = self.env(log.with_suffix(".ready"))
+        proc: subprocess.Popen | ForkedProcess | None = None
+        if self.preloader is not None and not pass_fds:
+            proc = self.preloader.fork(list(args), env, log)
+        if proc is None:
+            with log.open("ab") as fh:
+                proc = subprocess.Popen([sys.executable, "-m", "astraflow", *args], stdout=fh,
+                                        stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True, pass_fds=pass_fds)
         previous = self.children.get(name)
         child = Child(name, args, proc, log, previous.restarts if previous else 0)
         self.children[name] = child
+        self.event(event="start", component=name, pid=proc.pid,
+                   forked=isinstance(proc, ForkedProcess))
         return child
+
+    def start_preloader(self) -> None:
+        """With ``launcher.preload``: the parent that components are forked from, started
+        importing now (see :mod:`astraflow.launch.preload`)."""
+        if not self.cfg.launcher.get("preload", False):
+            return
+        why = preload.available()
+        if why is not None:
+            print(f"astraflow: starting components without the preloaded parent: {why}",
+                  file=sys.stderr)
+            return
+        modules = preload.modules_for(self.cfg) + preload.model_modules(self.cfg.model.path)
+        self.preloader = preload.Preloader(self.run_dir / "logs" / "preload.log", self.env(),
+                                           modules)
 
     def start_dataflow(self) -> None:
         """Start the data layer on a socket the launcher bound and keeps: the URL is
@@ -211,6 +241,9 @@ class LocalRun:
         """Restart every component that died unexpectedly, up to ``launcher.max_restarts``
         times each; beyond that the run fails, naming the component and its log."""
         limit = int(self.cfg.launcher.get("max_restarts", 3))
+        if self.preloader is not None:  # a subreaper adopts orphans it must reap
+            preload.reap_orphans({c.proc.pid for c in self.children.values()}
+                                 | self.preloader.known())
         for child in list(self.children.values()):
             code = child.proc.poll()
             if code is None or child.retired or child.finished():
@@ -268,6 +301,9 @@ class LocalRun:
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait()
+        if names is None and self.preloader is not None:
+            self.preloader.close()
+            self.preloader = None
 
 
 @dataclass
@@ -451,6 +487,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
     loggers = Loggers(cfg, run_dir)
     try:
         job.start_dataflow()
+        job.start_preloader()
         job.start_components()
         job.wait_dataflow()
         # after the components started, not before: a logger's library may import torch

@@ -25,7 +25,7 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
     _plot(run_dir, train, evals)
     counts = status.get("policies", {})
     summary: dict[str, Any] = {"run_dir": str(run_dir), "wall_seconds": wall_seconds,
-                               "policies": {}}
+                               "started_at": started, "policies": {}}
     for policy in policy_names(cfg):
         ev = sorted(evals.get(policy, []), key=lambda r: r["version"])
         tr = train.get(policy, [])
@@ -56,10 +56,17 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
             # what start-up costs: from the launcher's start to the end of step 1
             "first_step_seconds": (min(r["time"] for r in tr) - started
                                    if tr and started is not None else None),
+            # ... and until its first trajectory was accepted
+            "first_trajectory_seconds": _since(counts.get(policy, {}).get("first_accepted_at"),
+                                               started),
             "refresh": _refresh_summary(refreshes.get(policy, [])),
         }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _since(at: float | None, started: float | None) -> float | None:
+    return None if at is None or started is None else round(at - started, 3)
 
 
 def _refresh_summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
