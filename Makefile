@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make run    -- create .venv, install core + plugins, run `python -m astraflow`
 #   make test   -- the same set-up, then lint and the whole test suite
+# and for the inner loop of development:
+#   make test-fast -- lint and the unit tier (tests/unit, plugins/*/tests/unit): minutes
 # Extra arguments: make run ARGS="+raas=vllm steps=20"
 
 PYTHON ?= python3
@@ -17,7 +19,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test install lint bench bench-peers clean
+.PHONY: run test test-fast install lint bench bench-peers clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +49,10 @@ lint: $(STAMP)
 # two cores, and oversubscribed threads made them many times slower
 test: $(STAMP) lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# the unit tier: no subprocess, no engine, each test under 5 s (conftest.py enforces it)
+test-fast: $(STAMP) lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # bench/_*.py are helpers of the benchmarks, not benchmarks
 bench: $(STAMP)

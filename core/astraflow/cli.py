@@ -145,7 +145,10 @@ def cmd_preload(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from astraflow.launch.preload_server import main as preload_main
 
-    return preload_main(args.fd)
+    component = preload_main(args.fd)
+    if component is not None:  # a forked component: run it as `astraflow ARGS` would
+        main(component)  # ends the process
+    return 0
 
 
 def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:

@@ -130,9 +130,9 @@ def _fork(request: dict[str, Any]) -> int:
     return int(said or 0)
 
 
-def become(request: dict[str, Any], torch_seed: int | None) -> None:
+def become(request: dict[str, Any], torch_seed: int | None) -> list[str]:
     """In a forked component: become what ``python -m astraflow ARGS`` started fresh
-    would be, then run it (this ends the process through ``sys.exit``)."""
+    would be; returns ARGS, for the caller to run."""
     args = [str(a) for a in request["args"]]
     try:
         _adopted(int(request["env"].get(LAUNCHER_ENV, "0")))
@@ -147,9 +147,7 @@ def become(request: dict[str, Any], torch_seed: int | None) -> None:
     except BaseException:
         traceback.print_exc()
         os._exit(1)
-    from astraflow.cli import main
-
-    main(args)
+    return args
 
 
 def _adopted(launcher: int) -> None:
@@ -202,14 +200,14 @@ def _reseed(torch_seed: int | None) -> None:
             torch.set_num_threads(int(threads))
 
 
-def main(fd: int) -> int:
-    """``astraflow _preload --fd N``: serve the launcher; in a forked component, run it."""
+def main(fd: int) -> list[str] | None:
+    """``astraflow _preload --fd N``: serve the launcher until it is done (None), or, in
+    a forked component, return the command line it is to run."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     _title(None)  # before a component replaces the environment it takes room from
     server = _Server(fd)
     request = server.serve()
     if request is None:
-        return 0
+        return None
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    become(request, server.torch_seed)
-    return 0
+    return become(request, server.torch_seed)

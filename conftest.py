@@ -1,0 +1,102 @@
+"""Test tiers, given by directory: ``tests/<tier>/...`` and ``plugins/<name>/tests/<tier>/...``.
+
+- ``unit``: no subprocess, no engine, no network server beyond an in-process one; each
+  test under 5 s. ``make test-fast`` runs this tier, the inner loop of development.
+- ``system``: components, engines, browsers, Ray, real runs of ``python -m astraflow``.
+- ``learning``: runs that assert an accuracy gain.
+
+Each test gets its tier as a marker (``pytest -m unit``). A unit test that starts a
+subprocess or takes longer than :data:`UNIT_SECONDS` fails, saying so: the tier stays
+fast without anyone watching it. ``make test`` runs every tier.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+#: pytester checks these tiers themselves (tests/system/core/test_core_test_tiers.py)
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).parent
+TIERS = ("unit", "system", "learning")
+UNIT_SECONDS = 5.0
+#: audit events that start another process
+SPAWNS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+          "os.system", "os.exec", "pty.spawn")
+
+# the shared helpers of the system and learning tests (launched_runs, ...)
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier a test file's directory gives it, or None outside the tiers."""
+    import os
+    if os.environ.get("TIER_PROBE"):
+        return "unit"
+    parts = path.resolve().relative_to(ROOT).parts
+    for i, part in enumerate(parts[:-2]):
+        if part == "tests" and parts[i + 1] in TIERS:
+            return parts[i + 1]
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier (see conftest.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(f"{item.path}: a test belongs under tests/<tier>/ "
+                                    f"(tiers: {', '.join(TIERS)})")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
+class _UnitGuard:
+    """Notes what the running unit test spawned (an audit hook sees every process start,
+    however it is made: subprocess, asyncio, multiprocessing, os.fork)."""
+
+    def __init__(self) -> None:
+        self.watching = False
+        self.spawned: list[str] = []
+        sys.addaudithook(self.audit)
+
+    def audit(self, event: str, args: tuple) -> None:
+        if self.watching and event in SPAWNS:
+            self.spawned.append(f"{event} {str(args)[:160]}")
+
+
+_guard = _UnitGuard()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _guard.watching = item.get_closest_marker("unit") is not None
+    _guard.spawned.clear()
+    yield
+    _guard.watching = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if item.get_closest_marker("unit") is None or report.failed:
+        return
+    problems = []
+    if _guard.spawned:
+        problems.append(f"it started a process ({_guard.spawned[0]})")
+        _guard.spawned.clear()
+    if call.when == "call" and call.duration > UNIT_SECONDS:
+        problems.append(f"it took {call.duration:.1f} s (a unit test takes at most "
+                        f"{UNIT_SECONDS:g} s)")
+    if problems:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} is in the unit tier, but "
+                           + " and ".join(problems)
+                           + ": make it a unit test, or move it to a system directory")

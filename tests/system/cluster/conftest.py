@@ -1,0 +1,74 @@
+"""A real Ray cluster of two Ray nodes on this machine.
+
+The head has the custom resource ``pool_a``, the second node (its own temp dir)
+``pool_b``, so a rollout pool pinned by resource runs on one Ray node or the other.
+"""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+#: the head's job server (``ray job submit --address``), once the cluster is up
+JOB_SERVER: dict[str, str] = {}
+
+
+def _ray(*args: str) -> None:
+    # a submitted job's `python` is the one on the cluster's PATH: this environment's
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path}
+    proc = subprocess.run([RAY, *args], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    # short temp dirs: Ray's unix sockets live there, and their paths are length-limited
+    head_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
+    worker_dir = tempfile.mkdtemp(prefix="rayw", dir="/tmp")
+    port, dashboard = _free_port(), _free_port()
+    # the cluster's own token (Ray's token authentication, as a real cluster runs it),
+    # given to every process of the session: not whatever ~/.ray holds on this machine
+    token = Path(head_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    try:
+        _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=3", '--resources={"pool_a": 2}', f"--temp-dir={head_dir}",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dashboard}", "--disable-usage-stats")
+        JOB_SERVER["url"] = f"http://127.0.0.1:{dashboard}"
+        _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={worker_dir}",
+             "--disable-usage-stats")
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(worker_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def job_server(cluster):
+    return JOB_SERVER["url"]
