@@ -128,7 +128,8 @@ class LocalRun:
             print(f"astraflow: starting components without the preloaded parent: {why}",
                   file=sys.stderr)
             return
-        modules = preload.modules_for(self.cfg) + preload.model_modules(self.cfg.model.path)
+        modules = (preload.modules_for(self.cfg) + preload.model_modules(self.cfg.model.path)
+                   + list(self.cfg.launcher.get("preload_modules") or []))
         self.preloader = preload.Preloader(self.run_dir / "logs" / "preload.log", self.env(),
                                            modules)
 
