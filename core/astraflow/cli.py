@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from astraflow.commands import COMMANDS, command
@@ -148,7 +149,11 @@ def cmd_preload(argv: list[str]) -> int:
     component = preload_main(args.fd)
     if component is not None:  # a forked component: run it as `astraflow ARGS` would
         main(component)  # ends the process
-    return 0
+    # the parent has nothing to clean up: finalising its interpreter would only print
+    # the leak report of a library it imported (triton's)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
