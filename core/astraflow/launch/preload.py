@@ -75,8 +75,11 @@ def model_modules(model_path: str | None) -> list[str]:
 
 
 def _installed(name: str) -> bool:
+    """Whether ``name``'s top-level package is installed, asked without importing
+    anything (``find_spec`` of a submodule imports its parents: a second of transformers
+    in the launcher). A submodule that is missing fails in the parent, which says so."""
     try:
-        return importlib.util.find_spec(name) is not None
+        return importlib.util.find_spec(name.partition(".")[0]) is not None
     except (ImportError, ValueError):
         return False
 

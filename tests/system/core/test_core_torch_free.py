@@ -17,6 +17,20 @@ def test_import_astraflow_imports_no_heavy_library():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_planning_what_to_preload_imports_none_of_it(tiny_model_dir):
+    """The launcher names what the preloaded parent imports without importing any of it
+    itself: a second of transformers on the launcher's start-up path."""
+    code = (
+        "import sys; from astraflow.config import compose_config;"
+        "from astraflow.launch import preload;"
+        "cfg = compose_config(['+raas=vllm']);"
+        f"names = preload.modules_for(cfg) + preload.model_modules({tiny_model_dir!r});"
+        "assert 'torch' in names and any(n.endswith('modeling_llama') for n in names), names;"
+        f"bad = [m for m in {HEAVY!r} if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_core_distribution_does_not_depend_on_torch():
     requirements = metadata.requires("astraflow") or []
     core = [r for r in requirements if "extra ==" not in r]
