@@ -95,19 +95,33 @@ def cmd_run(argv: list[str]) -> int:
     if what == "hydra":
         raise ConfigError("--cfg hydra: a run has no Hydra job settings (no output "
                           "directory, sweeper or job logging); its config is --cfg job")
-    cfg = compose_config(args.overrides)
     if what:
+        cfg = compose_config(args.overrides)
         node = OmegaConf.select(cfg, package) if package else cfg
         if package and node is None:
             raise ConfigError(f"--package {package}: the config has no such key")
         print(OmegaConf.to_yaml(node, resolve=resolve) if OmegaConf.is_config(node)
               else node)
         return 0
-    if cfg.launcher.get("kind") == "ray":
-        from astraflow.launch.ray import run
-    else:
+    from astraflow.launch import preload
+
+    # the parent components fork from imports torch while the config is composed and
+    # checked; the local launcher takes it over (a Ray run, or preload=false, ends it)
+    early = preload.start_early(args.overrides)
+    try:
+        cfg = compose_config(args.overrides)
+        if cfg.launcher.get("kind") == "ray":
+            from astraflow.launch.ray import run as ray_run
+
+            if early is not None:
+                early.close()
+            return ray_run(cfg)
         from astraflow.launch.local import run
-    return run(cfg)
+
+        return run(cfg, preloader=early)
+    finally:
+        if early is not None:
+            early.close()
 
 
 def _help(argv: list[str]) -> int:

@@ -122,6 +122,9 @@ class LocalRun:
         """With ``launcher.preload``: the parent that components are forked from, started
         importing now (see :mod:`astraflow.launch.preload`)."""
         if not self.cfg.launcher.get("preload", False):
+            if self.preloader is not None:  # started early, before the config said no
+                self.preloader.close()
+                self.preloader = None
             return
         why = preload.available()
         if why is not None:
@@ -130,8 +133,12 @@ class LocalRun:
             return
         modules = (preload.modules_for(self.cfg) + preload.model_modules(self.cfg.model.path)
                    + list(self.cfg.launcher.get("preload_modules") or []))
-        self.preloader = preload.Preloader(self.run_dir / "logs" / "preload.log", self.env(),
-                                           modules)
+        log = self.run_dir / "logs" / "preload.log"
+        if self.preloader is None:
+            self.preloader = preload.Preloader(log, preload.parent_env(), modules)
+        else:
+            self.preloader.move_log(log)
+            self.preloader.preload(modules)
 
     def start_dataflow(self) -> None:
         """Start the data layer on a socket the launcher bound and keeps: the URL is
@@ -474,14 +481,16 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _interrupted)
 
 
-def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun) -> int:
-    """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's)."""
+def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
+        preloader: preload.Preloader | None = None) -> int:
+    """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's),
+    forking them from ``preloader`` if one was started early (:func:`preload.start_early`)."""
     from astraflow.launch.progress import Progress
 
     started = time.time()
     listener = job_cls.bind_dataflow(cfg)
     cfg, run_dir = prepare(cfg)
-    job = job_cls(cfg, run_dir, resolve_token(), _listener=listener)
+    job = job_cls(cfg, run_dir, resolve_token(), _listener=listener, preloader=preloader)
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
     _stop_on_sigterm()

@@ -22,15 +22,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from astraflow.launch.lifecycle import LAUNCHER_ENV
+
 #: modules every Python component imports, heavy ones first
-BASE_MODULES = ("numpy", "torch", "transformers", "safetensors.torch",
-                "astraflow.launch.components", "astraflow.raas.node",
+BASE_MODULES = ("numpy", "torch", "transformers", "transformers.modeling_utils",
+                "safetensors.torch", "astraflow.launch.components", "astraflow.raas.node",
                 "astraflow.trainer.runtime", "astraflow.evaluate")
 #: kinds whose selected implementation a component imports -> the config group naming it
 SELECTED = {"rollout_backend": "raas", "trainer_backend": "trainer", "workflow": "workflow",
@@ -91,6 +94,31 @@ def available() -> str | None:
     return None
 
 
+def parent_env() -> dict[str, str]:
+    """The parent's environment: the launcher's, which its components get too (a library
+    may read a variable as it is imported), one torch thread by default, and the
+    launcher's pid, so that the parent dies with it."""
+    env = dict(os.environ, **{LAUNCHER_ENV: str(os.getpid())})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def start_early(overrides: list[str]) -> Preloader | None:
+    """The parent started before the run's config is composed, importing torch and
+    transformers meanwhile (the selected plugins follow, :meth:`Preloader.preload`); its
+    log is a temporary file until the run directory exists (:meth:`Preloader.move_log`).
+    None where components cannot be forked here, or the command line says they will not
+    be (``launcher.preload=false``, ``launcher=ray``); a config that says so otherwise (an
+    experiment preset) ends it once composed."""
+    said = {o.lstrip("+").replace(" ", "").lower() for o in overrides}
+    if available() is not None or said & {"launcher.preload=false", "launcher=ray"}:
+        return None
+    fd, log = tempfile.mkstemp(prefix="astraflow-preload-", suffix=".log")
+    os.close(fd)
+    return Preloader(Path(log), parent_env(), [m for m in BASE_MODULES if _installed(m)],
+                     temporary=True)
+
+
 def become_subreaper() -> None:
     """Make this process adopt its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``):
     a component forked through a go-between that exits becomes the launcher's child."""
@@ -145,8 +173,12 @@ class Preloader:
     (it died, hangs, or found forking unsafe) is said once, and from then on
     :meth:`fork` returns None: the launcher starts components fresh."""
 
-    def __init__(self, log: Path, env: dict[str, str], modules: list[str]) -> None:
+    def __init__(self, log: Path, env: dict[str, str], modules: list[str],
+                 temporary: bool = False) -> None:
         become_subreaper()
+        self.log = log
+        #: the log is a temporary file, removed at the end unless moved into a run
+        self.temporary = temporary
         ours, theirs = socket.socketpair()
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as fh:
@@ -167,6 +199,14 @@ class Preloader:
         if modules and self.failed is None:
             self._send({"op": "import", "modules": modules})
             self.pending += 1
+
+    def move_log(self, path: Path) -> None:
+        """From now on the parent (and what it wrote so far) logs to ``path``."""
+        if self.failed is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._send({"op": "log", "path": str(path), "previous": str(self.log)})
+            self.pending += 1
+            self.log, self.temporary = path, False
 
     def fork(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess | None:
         """``python -m astraflow ARGS`` forked from the parent, or None: start it fresh."""
@@ -203,6 +243,8 @@ class Preloader:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.temporary:
+            self.log.unlink(missing_ok=True)
 
     def _send(self, request: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(request).encode() + b"\n")

@@ -9,6 +9,8 @@ launcher's end), one reply per request, in order:
 
 - ``{"op": "import", "modules": [...]}`` -> ``{"ok": true}``, or ``{"unsafe": WHY}`` when
   forking from here is no longer safe (a thread or an accelerator was started);
+- ``{"op": "log", "path": FILE, "previous": FILE}`` -> ``{"ok": true}``: log to FILE
+  from now on, with what was written to the previous log first;
 - ``{"op": "fork", "args": [...], "env": {...}, "cwd": DIR, "log": FILE}`` ->
   ``{"pid": PID}``: the component ``python -m astraflow ARGS`` as the launcher's own
   child (a double fork: the launcher is a child subreaper), in its own session, its
@@ -51,6 +53,8 @@ class _Server:
             request = json.loads(line)
             if request["op"] == "import":
                 reply = self.preload(request["modules"])
+            elif request["op"] == "log":
+                reply = _move_log(request["previous"], request["path"])
             elif self.unsafe:
                 reply = {"error": self.unsafe}
             else:
@@ -90,6 +94,23 @@ class _Server:
         if self.unsafe:
             return {"unsafe": self.unsafe}
         return {"ok": True, "seconds": seconds, "failed": failed}
+
+
+def _move_log(previous: str, path: str) -> dict[str, Any]:
+    """Log to ``path`` from now on, what was written to ``previous`` first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        with open(previous, "rb") as fh:
+            os.write(out, fh.read())
+        os.unlink(previous)
+    except OSError:
+        pass
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    return {"ok": True}
 
 
 def _fork_hazard() -> str | None:
