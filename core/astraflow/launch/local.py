@@ -26,7 +26,7 @@ from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
 from astraflow.launch import preload
-from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
+from astraflow.launch.lifecycle import READY_ENV
 from astraflow.launch.preload import ForkedProcess
 from astraflow.launch.report import write_report
 from astraflow.loggers.base import Loggers, check_loggers
@@ -91,13 +91,10 @@ class LocalRun:
         except httpx.HTTPError:
             return {}
 
-    def env(self, ready: Path | None = None) -> dict[str, str]:
-        """The environment of a component (and of the preloaded parent it forks from)."""
-        env = dict(os.environ, **{TOKEN_ENV: self.token, LAUNCHER_ENV: str(os.getpid())})
-        if ready is not None:
-            env[READY_ENV] = str(ready)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
+    def env(self, ready: Path) -> dict[str, str]:
+        """The environment of a component: its preloaded parent's, the run's token, and
+        where it marks that it got to work."""
+        return {**preload.parent_env(), TOKEN_ENV: self.token, READY_ENV: str(ready)}
 
     def spawn(self, name: str, *args: str, pass_fds: tuple[int, ...] = ()) -> Child:
         log = self.run_dir / "logs" / f"{name}.log"

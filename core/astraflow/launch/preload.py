@@ -234,15 +234,14 @@ class Preloader:
         return {self.proc.pid}
 
     def close(self) -> None:
-        """The parent exits when its socket closes; it is killed if it does not."""
+        """End the parent at once: it holds nothing worth a clean exit (its components are
+        the launcher's children), and a run that stops on a set-up mistake would wait for
+        it to finish importing before it read its socket again."""
         with contextlib.suppress(OSError):
             self.reader.close()
             self.sock.close()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.kill()
+        self.proc.wait()
         if self.temporary:
             self.log.unlink(missing_ok=True)
 
@@ -259,8 +258,6 @@ class Preloader:
         self.failed = why
         print(f"astraflow: starting components without the preloaded parent: {why}",
               file=sys.stderr)
-        with contextlib.suppress(OSError):
-            self.proc.kill()
         self.close()
         return None
 

@@ -47,10 +47,13 @@ class Job:
         return path.read_text().count("\n") if path.exists() else 0
 
     def close(self) -> None:
-        for proc in self.procs.values():
+        """Nodes first, the data layer last, as the launcher stops them: a node stopped
+        with the data layer finishes its leases against nobody until it gives up."""
+        order = sorted(self.procs, key=lambda name: (name == "dataflow", name != "raas"))
+        for name in order:
+            proc = self.procs[name]
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
