@@ -16,7 +16,10 @@ the run's processes' summed memory while it ran, both resident (RSS, which count
 page shared by forked processes once per process) and proportional (PSS, which splits
 it between them). Medians over the repeats; the preloaded start as a ratio of the fresh.
 
-Usage: python bench/startup.py [--repeat 2] [--jobs smoke default two-policy]
+``--model DIR`` runs every job on that checkpoint instead (another architecture and
+tokenizer: the gain must not be the tiny model's alone).
+
+Usage: python bench/startup.py [--repeat 2] [--jobs smoke default two-policy] [--model DIR]
 Writes bench/results/startup.json.
 """
 
@@ -104,10 +107,10 @@ def warm(overrides: list[str], root: Path) -> None:
     prepare(OmegaConf.create(OmegaConf.to_container(cfg)))
 
 
-def measure(job: str, start: str, run_dir: Path) -> dict[str, float]:
+def measure(overrides: list[str], start: str, run_dir: Path) -> dict[str, float]:
     began = time.time()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow", *JOBS[job], STARTS[start], f"run_dir={run_dir}",
+        [sys.executable, "-m", "astraflow", *overrides, STARTS[start], f"run_dir={run_dir}",
          "launcher.progress=false"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     watch = MemoryWatch(proc.pid)
@@ -117,7 +120,7 @@ def measure(job: str, start: str, run_dir: Path) -> dict[str, float]:
     watch.done.set()
     watch.join()
     if proc.returncode != 0:
-        raise SystemExit(f"{job} ({start}) failed:\n{err[-3000:]}")
+        raise SystemExit(f"{overrides} ({start}) failed:\n{err[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     started = summary["started_at"]
     policies = summary["policies"].values()
@@ -137,17 +140,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
+    parser.add_argument("--model", default=None, help="a checkpoint directory to run on")
     args = parser.parse_args()
+    model = [f"model.path={Path(args.model).resolve()}"] if args.model else []
     cpu = cpu_model()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for job in args.jobs:
-            warm(JOBS[job], root / job)
+            overrides = [*JOBS[job], *model]
+            warm(overrides, root / job)
             runs: dict[str, list[dict]] = {start: [] for start in STARTS}
             for i in range(args.repeat):
                 for start in STARTS:
-                    runs[start].append(measure(job, start, root / job / f"{start}-{i}"))
+                    runs[start].append(measure(overrides, start, root / job / f"{start}-{i}"))
                     print(f"{job} {start} #{i + 1}: "
                           + ", ".join(f"{m} {runs[start][-1][m]:.2f}" for m in METRICS),
                           flush=True)
@@ -159,7 +165,8 @@ def main() -> None:
                           for m in METRICS},
                 "runs": runs,
             }
-    print(f"\nStart-up, fresh vs preloaded (medians of {args.repeat}; CPU: {cpu})")
+    print(f"\nStart-up, fresh vs preloaded (medians of {args.repeat}; CPU: {cpu}; model: "
+          f"{args.model or 'the tiny model'})")
     print(f"{'job':11} {'metric':19} {'fresh':>9} {'preloaded':>10} {'ratio':>7}")
     for job, res in results.items():
         for m in METRICS:
@@ -175,7 +182,8 @@ def main() -> None:
     for what, met in targets.items():
         print(f"  {'met' if met else 'MISSED'}: {what}")
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"cpu": cpu, "repeat": args.repeat, "jobs": results,
+    RESULTS.write_text(json.dumps({"cpu": cpu, "repeat": args.repeat, "model": args.model,
+                                   "jobs": results,
                                    "targets": targets}, indent=2))
     print(f"wrote {RESULTS}")
 
