@@ -524,6 +524,9 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         # the stop is bounded (each component gets SIGTERM, then SIGKILL)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        # nodes first, as at a run's end: they hand in what they finished while the data
+        # layer is there (stopped together, a node waited its leave grace, 20 s, for it)
+        job.stop([n for n in job.children if n.startswith("raas-")])
         job.stop()
         loggers.close()
         return 130
