@@ -189,7 +189,7 @@ class Preloader:
         theirs.close()
         self.sock = ours
         self.reader = ours.makefile("rb")
-        self.pending = 0  # import requests not answered yet
+        self.pending = 0  # import and log requests not answered yet
         self.failed: str | None = None
         self.import_seconds: float | None = None
         self.preload(modules)
