@@ -18,6 +18,9 @@ PLUGIN_REQS := $(patsubst plugins/raas_vllm,'plugins/raas_vllm[$(VLLM_EXTRA)]',\
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: one a core on CI's two (conftest.py says how files are
+# shared out); TEST_WORKERS=0 runs the suite in this one process
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-fast install lint bench bench-peers clean
 
@@ -48,7 +51,7 @@ lint: $(STAMP)
 # one torch thread per process: the tests run several engines and trainers at once on
 # two cores, and oversubscribed threads made them many times slower
 test: $(STAMP) lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # the unit tier: no subprocess, no engine, each test under 5 s (conftest.py enforces it)
 test-fast: $(STAMP) lint

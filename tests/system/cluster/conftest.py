@@ -36,8 +36,11 @@ def _ray(*args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-@pytest.fixture(scope="session")
-def cluster():
+#: the running cluster: its address and what stopping it needs
+_RUNNING: dict[str, object] = {}
+
+
+def _start() -> str:
     # short temp dirs: Ray's unix sockets live there, and their paths are length-limited
     head_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
     worker_dir = tempfile.mkdtemp(prefix="rayw", dir="/tmp")
@@ -48,25 +51,57 @@ def cluster():
     token.write_text(secrets.token_hex(32))
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    _RUNNING.update(dirs=(head_dir, worker_dir), saved=saved)
+    _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+         "--num-cpus=3", '--resources={"pool_a": 2}', f"--temp-dir={head_dir}",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dashboard}", "--disable-usage-stats")
+    JOB_SERVER["url"] = f"http://127.0.0.1:{dashboard}"
+    _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
+         "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={worker_dir}",
+         "--disable-usage-stats")
+    _RUNNING["address"] = f"127.0.0.1:{port}"
+    return _RUNNING["address"]
+
+
+def _stop() -> None:
+    if not _RUNNING:
+        return
+    subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+    for key, value in _RUNNING["saved"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    for folder in _RUNNING["dirs"]:
+        shutil.rmtree(folder, ignore_errors=True)
+    _RUNNING.clear()
+    JOB_SERVER.clear()
+
+
+@pytest.fixture
+def cluster():
+    """The cluster's address. It starts for the first test of this directory that asks
+    for it and stops after the directory's last test, not at the session's end: its
+    twenty-odd processes would take a share of the two cores from every later test."""
+    if "address" in _RUNNING:
+        return _RUNNING["address"]
     try:
-        _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-             "--num-cpus=3", '--resources={"pool_a": 2}', f"--temp-dir={head_dir}",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={dashboard}", "--disable-usage-stats")
-        JOB_SERVER["url"] = f"http://127.0.0.1:{dashboard}"
-        _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
-             "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={worker_dir}",
-             "--disable-usage-stats")
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(head_dir, ignore_errors=True)
-        shutil.rmtree(worker_dir, ignore_errors=True)
+        return _start()
+    except BaseException:
+        _stop()
+        raise
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # a conftest's test hooks see only the tests under its directory
+    here = Path(__file__).parent
+    if nextitem is None or here not in Path(nextitem.path).parents:
+        _stop()
+
+
+def pytest_sessionfinish(session):
+    _stop()
 
 
 @pytest.fixture

@@ -1,12 +1,14 @@
 """autoscale=true under ``launcher=ray``: the launcher grows a starving pool by node
 actors, and when the cluster has no room for one it says so and asks the Ray autoscaler
 for it (``request_resources``), which ``ray status`` shows; the request is withdrawn
-when the run ends."""
+when the run ends (here by Ctrl-C, once the request is seen: the run's own end goes
+through the same stop)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +32,10 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
                                                                tiny_model_dir):
     run_dir = tmp_path / "run"
     # two slow nodes (one task in flight, 0.5 s a rollout) cannot keep the trainer busy;
-    # after growing once the pool holds (cooldown), so the request stays what it was
+    # after growing once the pool holds (cooldown), so the request stays what it was;
+    # more steps than the test waits for
     launcher = start_run(run_dir, tiny_model_dir, "launcher=ray",
-                         f"launcher.address={cluster}", POOL, "steps=40", "eval_every=40",
+                         f"launcher.address={cluster}", POOL, "steps=400", "eval_every=400",
                          "batch_size=16", "num_nodes=2", "node_concurrency=1",
                          "raas.generation_seconds=0.5", "autoscale=true", "min_nodes=1",
                          "max_nodes=3", "launcher.autoscale_interval=0.5",
@@ -57,8 +60,13 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
             wait_for(requested, 60, "three pool-a bundles requested", launcher)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; ray status said:\n{seen[-1]}") from None
-        _out, err = launcher.communicate(timeout=400)
-    assert launcher.returncode == 0, err[-3000:]
+        wait_for(lambda: events("waiting_for_placement"), 120,
+                 "the launcher to say raas-a-2 waits for room", launcher)
+        wait_for(lambda: (run_dir / "metrics" / "train-policy.jsonl").exists(), 120,
+                 "a train step", launcher)
+        launcher.send_signal(signal.SIGINT)
+        _out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 130, err[-3000:]  # interrupted, every component stopped
     grown = events("autoscale")
     assert grown and grown[0]["pool"] == "a" and grown[0]["target"] == 3, grown
     assert "raas-a-2 waits for Ray to place it" in err
@@ -66,5 +74,6 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
     assert events("request_resources")
     wait_for(lambda: "from request_resources()" not in ray_status(cluster), 60,
              "the request withdrawn at the end of the run")
-    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
-    assert summary["steps"] == 40
+    # the grown pool fed the trainer while it ran
+    steps = [json.loads(line) for line in (run_dir / "metrics" / "train-policy.jsonl").open()]
+    assert steps and steps[-1]["step"] >= 1
