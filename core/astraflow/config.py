@@ -37,6 +37,61 @@ DEFAULT_OPTIONS: dict[str, str] = {
     "logger": "tensorboard",
     "launcher": "local",
 }
+def setting(default: Any = dataclasses.MISSING, *, ge: float | None = None,
+            gt: float | None = None, le: float | None = None,
+            choices: tuple[Any, ...] | None = None, **kwargs: Any) -> Any:
+    """A config dataclass field with the values it accepts, checked when the config is
+    composed (before anything starts): ``steps: int = setting(600, ge=1)``. ``None`` is
+    always accepted where the field's type allows it; ``kwargs`` go to
+    :func:`dataclasses.field` (``default_factory``)."""
+    limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("choices", choices))
+              if v is not None}
+    return field(default=default, metadata={"astraflow": limits}, **kwargs)
+
+
+def _value_problem(value: Any, limits: dict[str, Any]) -> str | None:
+    if value is None:
+        return None
+    if "choices" in limits and value not in limits["choices"]:
+        return "choose " + " or ".join(str(c) for c in limits["choices"])
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if "ge" in limits and not value >= limits["ge"]:
+        return f"must be >= {limits['ge']:g}"
+    if "gt" in limits and not value > limits["gt"]:
+        return f"must be > {limits['gt']:g}"
+    if "le" in limits and not value <= limits["le"]:
+        return f"must be <= {limits['le']:g}"
+    return None
+
+
+def check_values(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Every value of ``node`` outside what its ``schema``'s :func:`setting` accepts, as
+    ``key=value: why``."""
+    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
+        return []
+    hints = typing.get_type_hints(schema)
+    out = []
+    for f in dataclasses.fields(schema):
+        if f.name not in node:
+            continue
+        try:
+            value = node[f.name]
+        except Exception:  # an interpolation that resolves later: checked there
+            continue
+        hint = hints.get(f.name)
+        if dataclasses.is_dataclass(hint):
+            out += check_values(value, hint, f"{prefix}{f.name}.")
+        elif (typing.get_origin(hint) is dict and isinstance(value, DictConfig)
+              and dataclasses.is_dataclass(typing.get_args(hint)[1])):
+            for key, sub in value.items():
+                out += check_values(sub, typing.get_args(hint)[1], f"{prefix}{f.name}.{key}.")
+        limits = f.metadata.get("astraflow")
+        if limits and (why := _value_problem(value, limits)):
+            out.append(f"{prefix}{f.name}={value}: {why}")
+    return out
+
+
 #: every config group (conf/ folders and plugin-provided groups)
 GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "logger", "launcher",
           "experiment")
@@ -46,8 +101,8 @@ GROUPS = ("raas", "trainer", "data", "workflow", "task", "reward", "logger", "la
 class PolicyConfig:
     """Per-policy settings; one trainer and one weight stream per policy."""
 
-    max_staleness: int = 3
-    lr: float | None = None  # overrides trainer.lr for this policy
+    max_staleness: int = 3  # checked by the data layer's settings, with what it means
+    lr: float | None = setting(None, gt=0)  # overrides trainer.lr for this policy
 
 
 @dataclass
@@ -55,12 +110,12 @@ class ModelConfig:
     """The model every policy starts from. ``path: null`` builds the tiny local model."""
 
     path: str | None = None
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 256
-    warmstart_steps: int = 400
+    hidden_size: int = setting(128, ge=1)
+    num_layers: int = setting(2, ge=1)
+    num_heads: int = setting(2, ge=1)
+    intermediate_size: int = setting(256, ge=1)
+    max_position_embeddings: int = setting(256, ge=1)
+    warmstart_steps: int = setting(400, ge=0)
 
 
 @dataclass
@@ -68,15 +123,15 @@ class DataflowConfig:
     """Where the data layer listens, and how it leases tasks and buffers trajectories."""
 
     host: str = "127.0.0.1"
-    port: int = 0  # 0 picks a free port
+    port: int = 0  # 0 picks a free port (the launcher names a port it cannot listen on)
     store: str | None = None  # default: <run_dir>/store
-    order: str = "fifo"  # fifo | edf
-    lease_seconds: float = 60.0
-    buffer_capacity: int = 4096
-    heartbeat_timeout: float = 30.0
+    order: str = "fifo"  # fifo | edf (checked by the data layer's settings)
+    lease_seconds: float = setting(60.0, gt=0)
+    buffer_capacity: int = setting(4096, ge=1)
+    heartbeat_timeout: float = setting(30.0, gt=0)
     #: at a run's end, tasks for this many batches beyond the last are issued, so the
     #: last batches take the first groups back, not the slowest (0: exactly the need)
-    end_spare_batches: int = 1
+    end_spare_batches: int = setting(1, ge=0)
 
 
 @dataclass
@@ -84,31 +139,31 @@ class AstraFlowConfig:
     """The root schema: unknown top-level keys are errors."""
 
     seed: int = 0
-    mode: str = "async"  # async | sync (the trainer-centred baseline)
+    mode: str = setting("async", choices=("async", "sync"))  # sync: the trainer-centred baseline
     run_dir: str | None = None
     # the default run: 600 steps of 32 prompts x 8 samples (lr 3e-4, cosine decay) lift
     # held-out accuracy of the warm-started tiny model by ~35 points in ~3-4 minutes on
     # 2 quiet CPU cores
-    steps: int = 600
-    batch_size: int = 256
-    group_size: int = 8
-    eval_every: int = 50
-    eval_samples: int = 8  # samples per held-out task for eval_accuracy
+    steps: int = setting(600, ge=1)
+    batch_size: int = setting(256, ge=1)
+    group_size: int = setting(8, ge=1)
+    eval_every: int = setting(50, ge=0)
+    eval_samples: int = setting(8, ge=1)  # samples per held-out task for eval_accuracy
     #: the evaluator's CPU niceness (0-19): where it shares CPUs with a trainer or an
     #: engine it takes what they leave, so evaluating does not slow training
-    eval_niceness: int = 10
+    eval_niceness: int = setting(10, ge=0, le=19)
     #: keep a copy of each version due while the policy trains and score them all when
     #: its trainer is done: evaluation takes no compute from the run (benchmarks; no
     #: device to spare), its scores come at the end
     eval_deferred: bool = False
-    num_nodes: int = 1
+    num_nodes: int = setting(1, ge=0)
     #: let the local launcher start and retire nodes after the data layer's autoscale
     #: report, keeping between min_nodes and max_nodes
     autoscale: bool = False
-    min_nodes: int = 1
-    max_nodes: int = 4
+    min_nodes: int = setting(1, ge=0)
+    max_nodes: int = setting(4, ge=1)
     #: most tasks a RaaS node keeps in flight; below it, rate x turnaround (Little's law)
-    node_concurrency: int = 64
+    node_concurrency: int = setting(64, ge=1)
     #: partial rollouts: a node loads new weights under the generations in flight, which
     #: go on with them from their next token (each token keeps the version that sampled
     #: it), instead of waiting for the longest to finish on the old ones (raas=hf, vllm)
@@ -118,7 +173,7 @@ class AstraFlowConfig:
     #: restarted trainer trains the journal's batches again on its last checkpoint, so
     #: none is lost or trained twice; a longer interval costs less and makes a restart
     #: longer. 0: a checkpoint at every step
-    checkpoint_interval: float = 60.0
+    checkpoint_interval: float = setting(60.0, ge=0)
     #: a trainer fetches its next batch while it trains on the current one, so a step
     #: does not wait for the fetch; the batch fetched ahead is composed for the version
     #: it will be trained at, so max_staleness holds as without
@@ -205,10 +260,42 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     for group, default in DEFAULT_OPTIONS.items():
         if group not in named:
             out.append(f"+{group}={default}")
+    out = [_one_path_as_list(ov, out, registry) for ov in out]
     # an experiment sets values inside other groups (trainer.lr, trainer.lora...): it is
     # merged after every group's option, or the option's defaults would replace them
     experiments = [ov for ov in out if (m := _GROUP_RE.match(ov)) and m["group"] == "experiment"]
     return [ov for ov in out if ov not in experiments] + experiments
+
+
+_SETTING_RE = re.compile(r"^(?P<key>[A-Za-z_][\w.]*)=(?P<value>[^\[].*)$")
+
+
+def _one_path_as_list(ov: str, overrides: list[str], registry: Registry) -> str:
+    """``task.train_files=data/train.jsonl``: one value where the option's config takes a
+    list (of paths) is that one-item list, as verl and most tools accept it."""
+    m = _SETTING_RE.match(ov)
+    if not m or "." not in m["key"]:
+        return ov
+    group, *path = m["key"].split(".")
+    kinds = GROUP_KINDS.get(group)
+    if not kinds or group in MULTI_GROUPS:
+        return ov
+    chosen = [g["value"] for o in overrides
+              if (g := _GROUP_RE.match(o)) and g["group"] == group and g["value"]]
+    if not chosen:
+        return ov
+    entry = registry.group_options(group).get(chosen[-1])
+    schema = entry.config_cls if entry is not None else None
+    for i, name in enumerate(path):
+        if not dataclasses.is_dataclass(schema):
+            return ov
+        hint = typing.get_type_hints(schema).get(name)
+        if i == len(path) - 1:
+            if typing.get_origin(hint) is list and not m["value"].startswith(("null", "${")):
+                return f"{m['key']}=[{m['value']}]"
+            return ov
+        schema = hint
+    return ov
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
@@ -224,8 +311,10 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def validate(cfg: DictConfig, registry: Registry) -> None:
-    """Reject keys no schema declares, including ones appended with ``+key=value``."""
+    """Reject keys no schema declares, including ones appended with ``+key=value``, and
+    values outside what a schema's :func:`setting` accepts."""
     unknown = _unknown_keys(cfg, AstraFlowConfig, "")
+    wrong = check_values(cfg, AstraFlowConfig)
     for group, kinds in GROUP_KINDS.items():
         node = cfg.get(group)
         if node is None:
@@ -239,8 +328,11 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
             if entry.config_cls is not None:
                 prefix = f"{group}.{name}." if group in MULTI_GROUPS else f"{group}."
                 unknown += _unknown_keys(sub, entry.config_cls, prefix)
+                wrong += check_values(sub, entry.config_cls, prefix)
     if unknown:
         raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+    if wrong:
+        raise ConfigError("; ".join(wrong))
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:

@@ -399,8 +399,6 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     preflight.check_backends(cfg)
     cfg.policies = resolve_policies(cfg)
-    if cfg.mode not in ("async", "sync"):
-        raise ConfigError(f"mode={cfg.mode!r}; choose async or sync")
     if cfg.autoscale and not 1 <= cfg.min_nodes <= cfg.num_nodes <= cfg.max_nodes:
         raise ConfigError(f"autoscale needs 1 <= min_nodes <= num_nodes <= max_nodes; got "
                           f"{cfg.min_nodes}, {cfg.num_nodes}, {cfg.max_nodes}")
@@ -409,9 +407,6 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     from astraflow.dataflow.settings import settings_from_config
 
     settings_from_config(cfg, store="unused")
-    if cfg.checkpoint_interval < 0:
-        raise ConfigError(f"checkpoint_interval={cfg.checkpoint_interval}: seconds between a "
-                          "trainer's checkpoints, 0 or more (0: every step)")
     if cfg.autoscale and cfg.mode == "sync":
         raise ConfigError("autoscale=true needs mode=async: the synchronous baseline splits "
                           "each iteration across a fixed number of nodes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from astraflow.config import setting
 from astraflow.contracts import PolicyHandle
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder
@@ -16,8 +17,8 @@ class SingleTurnConfig:
     """``workflow=single_turn``."""
 
     name: str = "single_turn"
-    max_new_tokens: int = 6
-    temperature: float = 1.0
+    max_new_tokens: int = setting(6, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
     #: an environment call per sample before it is scored (a verifier service, a
     #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
     latency: LatencyConfig = field(default_factory=LatencyConfig)

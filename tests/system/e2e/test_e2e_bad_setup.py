@@ -245,3 +245,15 @@ def test_a_data_layer_port_out_of_range(tmp_path, tiny_model_dir):
                    tmp_path)
     assert line == ("astraflow: error: dataflow.host=127.0.0.1 dataflow.port=99999: cannot "
                     "listen there (bind(): port must be 0-65535.)")
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("steps=-5", "steps=-5: must be >= 1"),
+    ("workflow.temperature=-1", "workflow.temperature=-1.0: must be >= 0"),
+    ("mode=synk", "mode=synk: choose async or sync"),
+    ("checkpoint_interval=-1", "checkpoint_interval=-1.0: must be >= 0"),
+])
+def test_a_value_out_of_its_settings_range_is_named(tmp_path, override, said):
+    """Bounds and choices are declared with the setting (``config.setting``) and checked
+    as the config is composed: nothing starts, no run directory."""
+    assert refused(launch(tmp_path, override), tmp_path) == f"astraflow: error: {said}"

@@ -85,3 +85,36 @@ def test_a_path_from_the_home_directory_is_expanded_as_the_shell_would():
 
     cfg = compose_config(["model.path=~/models/Qwen2.5-0.5B-Instruct"])
     assert cfg.model.path == os.path.expanduser("~/models/Qwen2.5-0.5B-Instruct")
+
+
+def test_one_path_where_a_list_of_paths_is_taken_is_that_list():
+    cfg = compose_config(["task=jsonl", "task.train_files=data/train.jsonl",
+                          "task.eval_files=[a.jsonl,b.jsonl]"])
+    assert list(cfg.task.train_files) == ["data/train.jsonl"]
+    assert list(cfg.task.eval_files) == ["a.jsonl", "b.jsonl"]
+
+
+def test_a_plugins_config_declares_what_values_it_accepts():
+    """A plugin's config dataclass uses ``setting`` as the core's do: bounds, choices."""
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf
+
+    from astraflow.config import check_values, setting
+
+    @dataclass
+    class EngineConfig:
+        name: str = "mine"
+        dtype: str = setting("float32", choices=("float32", "bfloat16"))
+        gpu_memory_utilization: float = setting(0.9, gt=0, le=1)
+        max_num_seqs: int | None = setting(None, ge=1)
+
+    def wrong(**values):
+        node = OmegaConf.merge(OmegaConf.structured(EngineConfig), values)
+        return check_values(node, EngineConfig, "raas.")
+
+    assert wrong() == []
+    assert wrong(max_num_seqs=None, gpu_memory_utilization=1.0) == []
+    assert wrong(dtype="fp8") == ["raas.dtype=fp8: choose float32 or bfloat16"]
+    assert wrong(gpu_memory_utilization=0.0, max_num_seqs=0) == [
+        "raas.gpu_memory_utilization=0.0: must be > 0", "raas.max_num_seqs=0: must be >= 1"]
