@@ -37,6 +37,8 @@ DEFAULT_OPTIONS: dict[str, str] = {
     "logger": "tensorboard",
     "launcher": "local",
 }
+
+
 def setting(default: Any = dataclasses.MISSING, *, ge: float | None = None,
             gt: float | None = None, le: float | None = None,
             choices: tuple[Any, ...] | None = None, **kwargs: Any) -> Any:
@@ -65,30 +67,40 @@ def _value_problem(value: Any, limits: dict[str, Any]) -> str | None:
     return None
 
 
+def _fields(node: Any, schema: type, prefix: str):
+    """Every key of ``node`` under the dataclass ``schema``, nested dataclasses and dicts
+    of dataclasses included: ``(key path, its dataclass field or None when the schema
+    declares no such key, its value)``."""
+    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
+        return
+    hints = typing.get_type_hints(schema)
+    declared = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node:
+        path = f"{prefix}{key}"
+        if key not in declared:
+            yield path, None, None
+            continue
+        try:
+            value = node[key]
+        except Exception:  # an interpolation that resolves later: checked there
+            continue
+        yield path, declared[key], value
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            yield from _fields(value, hint, f"{path}.")
+        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+            for sub_key, sub in (value.items() if isinstance(value, DictConfig) else ()):
+                yield from _fields(sub, typing.get_args(hint)[1], f"{path}.{sub_key}.")
+
+
 def check_values(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Every value of ``node`` outside what its ``schema``'s :func:`setting` accepts, as
     ``key=value: why``."""
-    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
-        return []
-    hints = typing.get_type_hints(schema)
     out = []
-    for f in dataclasses.fields(schema):
-        if f.name not in node:
-            continue
-        try:
-            value = node[f.name]
-        except Exception:  # an interpolation that resolves later: checked there
-            continue
-        hint = hints.get(f.name)
-        if dataclasses.is_dataclass(hint):
-            out += check_values(value, hint, f"{prefix}{f.name}.")
-        elif (typing.get_origin(hint) is dict and isinstance(value, DictConfig)
-              and dataclasses.is_dataclass(typing.get_args(hint)[1])):
-            for key, sub in value.items():
-                out += check_values(sub, typing.get_args(hint)[1], f"{prefix}{f.name}.{key}.")
-        limits = f.metadata.get("astraflow")
+    for path, f, value in _fields(node, schema, prefix):
+        limits = f.metadata.get("astraflow") if f is not None else None
         if limits and (why := _value_problem(value, limits)):
-            out.append(f"{prefix}{f.name}={value}: {why}")
+            out.append(f"{path}={value}: {why}")
     return out
 
 
@@ -336,21 +348,7 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
-    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
-        return []
-    hints = typing.get_type_hints(schema)
-    out = []
-    for key in node:
-        if key not in hints:
-            out.append(prefix + str(key))
-            continue
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            out += _unknown_keys(node[key], hint, f"{prefix}{key}.")
-        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
-            for sub_key, sub in node[key].items():
-                out += _unknown_keys(sub, typing.get_args(hint)[1], f"{prefix}{key}.{sub_key}.")
-    return out
+    return [path for path, f, _ in _fields(node, schema, prefix) if f is None]
 
 
 def group_options(group: str) -> list[str]:
