@@ -1,5 +1,6 @@
-"""The contracts a task source, reward, data algorithm (trajectory filter), workflow or
-logger plugin passes, as pytest classes a plugin's tests subclass::
+"""The contracts a task source, reward, data algorithm (task selector, trajectory filter,
+batch sampler), workflow or logger plugin passes, as pytest classes a plugin's tests
+subclass::
 
     from astraflow.testing.contracts import RewardContract
 
@@ -51,11 +52,17 @@ class _OptionContract:
         assert entry.description, "register(..., description=...) is shown by --help"
 
 
-def _trajectory(task_id: str, reward: float, policy: str = "policy") -> Trajectory:
+def _trajectory(task_id: str, reward: float, policy: str = "policy",
+                version: int = 0) -> Trajectory:
     return Trajectory(task_id=task_id, group_id=task_id, policy=policy, tokens=[1, 2, 3, 4],
                       logprobs=[0.0, 0.0, -0.5, -0.5], loss_mask=[0, 0, 1, 1],
-                      versions=[-1, -1, 0, 0],
-                      spans=[Span(0, 2, PROMPT), Span(2, 4, policy, 0)], reward=reward)
+                      versions=[-1, -1, version, version],
+                      spans=[Span(0, 2, PROMPT), Span(2, 4, policy, version)], reward=reward)
+
+
+def _json_round_trip(state: Any) -> Any:
+    """``state`` as the data layer stores it and reads it back after a restart."""
+    return json.loads(json.dumps(state))
 
 
 class TaskSourceContract(_OptionContract):
@@ -119,6 +126,64 @@ class RewardContract(_OptionContract):
             assert self.score(reward, task, completion) == pytest.approx(expected), completion
 
 
+class TaskSelectorContract(_OptionContract):
+    """``data=OPTION`` before rollout (a task selector): answers yes or no for every task,
+    learns from finished groups, and a restarted run restores it from its JSON state to
+    take the very decisions it would have taken."""
+
+    kind = "task_selector"
+    #: the tasks it is asked about (override for a selector reading their metadata)
+    tasks: list[Task] = [Task(f"contract-{i}", f"{i}+1=", str(i + 1)) for i in range(6)]
+    #: the reward groups it observes, task by task in turn: all right, all wrong, mixed
+    groups: list[list[float]] = [[1.0] * 4, [0.0] * 4, [1.0, 0.0, 0.0, 1.0]]
+    policy: str = "policy"
+
+    @pytest.fixture
+    def selector(self, config: Any) -> Any:
+        return self.create(config)
+
+    def history(self, selector: Any, rounds: int = 3) -> None:
+        """Several passes over the tasks, each group observed and a version published
+        after each pass, as a run feeds a selector."""
+        for version in range(1, rounds + 1):
+            for i, task in enumerate(self.tasks):
+                selector.should_issue(task)
+                selector.observe_group(task, self.policy, self.groups[i % len(self.groups)])
+            selector.on_new_version(self.policy, version)
+
+    def decisions(self, selector: Any, passes: int = 20) -> list[bool]:
+        return [bool(selector.should_issue(task)) for _ in range(passes) for task in self.tasks]
+
+    def test_tasks_are_issued_yes_or_no(self, selector: Any) -> None:
+        assert all(selector.should_issue(task) in (True, False) for task in self.tasks)
+        self.history(selector)
+        assert all(selector.should_issue(task) in (True, False) for task in self.tasks)
+
+    def test_tasks_never_seen_are_issued(self, selector: Any) -> None:
+        """Some task is issued at the start: a selector skipping every task leaves the
+        rollout workers nothing to do."""
+        assert any(self.decisions(selector, passes=5)), "should_issue() skipped every task"
+
+    def test_groups_of_every_policy_are_observed(self, selector: Any) -> None:
+        """A run with several policies reports each one's groups (a selector may heed
+        one policy only), and keeps asking about tasks afterwards."""
+        for task, rewards in zip(self.tasks, self.groups, strict=False):
+            for policy in (self.policy, "verifier"):
+                selector.observe_group(task, policy, list(rewards))
+        assert all(selector.should_issue(task) in (True, False) for task in self.tasks)
+
+    def test_state_survives_json_and_decides_alike(self, selector: Any, config: Any) -> None:
+        for rounds in (0, 3):  # before any group, as a run restarted at once, and after
+            self.history(selector, rounds)
+            state = _json_round_trip(selector.state_dict())
+            restored = self.create(config)
+            restored.load_state_dict(state)
+            assert _json_round_trip(restored.state_dict()) == state
+            assert self.decisions(restored) == self.decisions(selector), (
+                "a restored selector decides otherwise than the one it was saved from: "
+                "state_dict() leaves out part of its state")
+
+
 class TrajectoryFilterContract(_OptionContract):
     """``data=OPTION`` (a trajectory filter): judges groups, keeps state the data layer
     can save as JSON and restore."""
@@ -140,6 +205,86 @@ class TrajectoryFilterContract(_OptionContract):
         other = self.create(config)
         other.load_state_dict(state)
         assert json.loads(json.dumps(other.state_dict())) == state
+
+
+class BatchSamplerContract(_OptionContract):
+    """``data=OPTION`` at batch serving (a batch sampler): composes batches the data layer
+    can serve (at most ``n`` items, each once, only of those offered; full and with a
+    fresh one when enough are offered) and restores from its JSON state to compose the
+    same batches."""
+
+    kind = "batch_sampler"
+    #: (n, fresh offered, consumed offered): the batches it is asked for
+    requests: list[tuple[int, int, int]] = [(8, 20, 20), (8, 8, 0), (8, 3, 30), (1, 5, 5),
+                                            (16, 40, 2), (4, 1, 0)]
+    #: the trainer's version when asked; consumed trajectories are of the versions below
+    trainer_version: int = 3
+
+    @pytest.fixture
+    def sampler(self, config: Any) -> Any:
+        return self.create(config)
+
+    def offered(self, n_fresh: int, n_consumed: int) -> tuple[list[Trajectory],
+                                                               list[Trajectory]]:
+        fresh = [_trajectory(f"fresh-{i}", float(i % 2), version=self.trainer_version)
+                 for i in range(n_fresh)]
+        consumed = [_trajectory(f"consumed-{i}", float(i % 3 == 0),
+                                version=i % self.trainer_version) for i in range(n_consumed)]
+        return fresh, consumed
+
+    def compose(self, sampler: Any, n: int, n_fresh: int, n_consumed: int
+                ) -> tuple[list[Trajectory], list[Trajectory], list[Trajectory],
+                           list[Trajectory]]:
+        """(fresh picked, replayed, fresh offered, consumed offered)."""
+        fresh, consumed = self.offered(n_fresh, n_consumed)
+        picked, replayed = sampler.compose(n, list(fresh), list(consumed),
+                                           self.trainer_version)
+        return list(picked), list(replayed), fresh, consumed
+
+    def test_batches_are_at_most_n_of_the_items_offered_each_once(self, sampler: Any
+                                                                  ) -> None:
+        for n, n_fresh, n_consumed in self.requests:
+            picked, replayed, fresh, consumed = self.compose(sampler, n, n_fresh, n_consumed)
+            request = f"compose(n={n}, {n_fresh} fresh, {n_consumed} consumed)"
+            assert len(picked) + len(replayed) <= n, f"{request}: more than n items"
+            # the data layer finds a pick by identity: a copy is never served
+            assert {id(t) for t in picked} <= {id(t) for t in fresh}, (
+                f"{request}: a fresh item not among those offered (or a copy of one)")
+            assert {id(t) for t in replayed} <= {id(t) for t in consumed}, (
+                f"{request}: a replayed item not among the consumed ones offered")
+            assert len({id(t) for t in picked}) == len(picked), f"{request}: fresh twice"
+            assert len({id(t) for t in replayed}) == len(replayed), (
+                f"{request}: an item replayed twice")
+
+    def test_enough_offered_makes_a_full_batch_with_a_fresh_item(self, sampler: Any) -> None:
+        """The data layer serves a batch only when it has ``n`` items and a fresh one;
+        a sampler short of that with plenty offered leaves the trainer waiting."""
+        for n, n_fresh, n_consumed in self.requests:
+            if n_fresh >= n:
+                picked, replayed, _, _ = self.compose(sampler, n, n_fresh, n_consumed)
+                assert len(picked) + len(replayed) == n and picked, (
+                    f"compose(n={n}, {n_fresh} fresh, {n_consumed} consumed) gave "
+                    f"{len(picked)} fresh and {len(replayed)} replayed")
+
+    def test_state_survives_json_and_composes_alike(self, sampler: Any, config: Any) -> None:
+        for n, n_fresh, n_consumed in self.requests:
+            self.compose(sampler, n, n_fresh, n_consumed)
+        sampler.on_new_version("policy", self.trainer_version)
+        state = _json_round_trip(sampler.state_dict())
+        restored = self.create(config)
+        restored.load_state_dict(state)
+        assert _json_round_trip(restored.state_dict()) == state
+        for n, n_fresh, n_consumed in self.requests * 3:
+            assert (self.picks(restored, n, n_fresh, n_consumed)
+                    == self.picks(sampler, n, n_fresh, n_consumed)), (
+                "a restored sampler composes otherwise than the one it was saved from: "
+                "state_dict() leaves out part of its state")
+
+    def picks(self, sampler: Any, n: int, n_fresh: int, n_consumed: int
+              ) -> tuple[list[str], list[str]]:
+        """The task ids of a batch: (fresh, replayed)."""
+        picked, replayed, _, _ = self.compose(sampler, n, n_fresh, n_consumed)
+        return [t.task_id for t in picked], [t.task_id for t in replayed]
 
 
 class WorkflowContract(_OptionContract):
