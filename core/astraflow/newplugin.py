@@ -5,6 +5,10 @@ config dataclass (its settings become ``GROUP.*`` at once), an implementation wh
 methods raise a clear "not implemented" error naming the file to edit, and a test that
 runs the shared contract suite against it. ``pip install -e DIR`` makes the option
 listed by ``astraflow plugins`` and selectable as ``GROUP=NAME``.
+
+A data algorithm acts at one of three points of the data path, each its own contract:
+``--kind data --at before`` (a task selector), ``after`` (a trajectory filter, the
+default, what ``--kind data`` always wrote) or ``serving`` (a batch sampler).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from astraflow.commands import command
 from astraflow.errors import ConfigError
-from astraflow.plugins import KINDS
+from astraflow.plugins import KINDS, MULTI_GROUPS
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Kind:
     settings: str  # the config dataclass's fields (after ``name``)
     config_base: str = ""  # a base class of the config dataclass, with its import
     contract: str = ""  # the test's contract class, and its import
+    role: str = ""  # a sentence on its part in a run, for the implementation's docstring
 
 
 _ROLLOUT = """\
@@ -68,6 +73,62 @@ _TRAINER = """\
     def load_checkpoint(self, path: str) -> None:
         _todo("load_checkpoint")
 """
+_SELECTOR = """\
+    def should_issue(self, task: Task) -> bool:
+        \"\"\"Whether ``task`` is issued now; False skips it this pass (it stays in the
+        dataset and comes round again).\"\"\"
+        _todo("should_issue")
+
+    def observe_group(self, task: Task, policy: str, rewards: list[float]) -> None:
+        \"\"\"The rewards of a finished group of ``task`` by ``policy`` (every sample,
+        before any filter): what the selection learns from.\"\"\"
+        _todo("observe_group")
+
+    def state_dict(self) -> dict[str, Any]:
+        \"\"\"What it has learned, as JSON: the data layer saves it, so a restarted run
+        selects as before (``{}`` if it keeps nothing).\"\"\"
+        _todo("state_dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        \"\"\"Restore what ``state_dict`` returned, on a fresh instance.\"\"\"
+        _todo("load_state_dict")
+"""
+_FILTER = """\
+    def keep(self, group: list[Trajectory]) -> bool:
+        \"\"\"Whether a finished group of trajectories of one task goes to the buffer.\"\"\"
+        _todo("keep")
+"""
+_SAMPLER = """\
+    def compose(self, n: int, fresh: list[Trajectory], consumed: list[Trajectory],
+                trainer_version: int) -> tuple[list[Trajectory], list[Trajectory]]:
+        \"\"\"(fresh trajectories to serve, consumed ones to replay): ``n`` in all with at
+        least one fresh, else the trainer waits for more; each once, and the very
+        objects of the lists given. ``fresh`` is in serving order; ``consumed`` were
+        trained on already (and are within the staleness bound). Random choices: save
+        the generator's state in ``state_dict``, as data=replay does.\"\"\"
+        _todo("compose")
+"""
+#: ``--kind data --at POINT``: where on the data path the algorithm acts
+DATA_POINTS: dict[str, Kind] = {
+    "before": Kind(
+        "task_selector", "TaskSelector",
+        "from typing import Any\n\nfrom astraflow.types import Task", _SELECTOR,
+        "    #: a setting of the selection\n    threshold: float = 1.0\n",
+        contract="from astraflow.testing.contracts import TaskSelectorContract",
+        role="Before rollout, it decides which tasks are issued now (a curriculum, GRESO)."),
+    "after": Kind(
+        "trajectory_filter", "TrajectoryFilter", "from astraflow.types import Trajectory",
+        _FILTER, "    #: a setting of the algorithm\n    threshold: float = 0.0\n",
+        contract="from astraflow.testing.contracts import TrajectoryFilterContract",
+        role="After rollout, it decides which finished groups go to the buffer."),
+    "serving": Kind(
+        "batch_sampler", "BatchSampler", "from astraflow.types import Trajectory", _SAMPLER,
+        "    #: a setting of the sampler\n    replay_ratio: float = 0.25\n",
+        contract="from astraflow.testing.contracts import BatchSamplerContract",
+        role="At batch serving, it decides which trajectories make each batch (replay)."),
+}
+#: what ``--kind data`` writes without ``--at``: a trajectory filter, as it always has
+DEFAULT_DATA_POINT = "after"
 KINDS_OF_PLUGIN: dict[str, Kind] = {
     "raas": Kind(
         "rollout_backend", "RolloutBackend",
@@ -80,15 +141,7 @@ KINDS_OF_PLUGIN: dict[str, Kind] = {
         "from typing import Any\n\nfrom astraflow.types import Batch", _TRAINER, "",
         config_base="from astraflow.rl.options import PolicyGradientOptions",
         contract="from astraflow.testing.trainer import TrainerBackendContract"),
-    "data": Kind(
-        "trajectory_filter", "TrajectoryFilter", "from astraflow.types import Trajectory",
-        """\
-    def keep(self, group: list[Trajectory]) -> bool:
-        \"\"\"Whether a finished group of trajectories of one task goes to the buffer.\"\"\"
-        _todo("keep")
-""",
-        "    #: a setting of the algorithm\n    threshold: float = 0.0\n",
-        contract="from astraflow.testing.contracts import TrajectoryFilterContract"),
+    "data": DATA_POINTS[DEFAULT_DATA_POINT],
     "workflow": Kind(
         "workflow", "Workflow",
         "from astraflow.contracts import PolicyHandle\nfrom astraflow.types import Task, "
@@ -155,15 +208,33 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-def _distribution(name: str, kind_name: str) -> str:
+def kind_of(kind_name: str, at: str | None = None) -> Kind:
+    """What ``--kind KIND_NAME [--at AT]`` writes; a ConfigError naming the choices if
+    there is no such kind, or ``at`` is given for a kind other than data."""
+    if kind_name not in KINDS_OF_PLUGIN:
+        raise ConfigError(f"new-plugin --kind {kind_name}: choose one of "
+                          f"{', '.join(KINDS_OF_PLUGIN)}")
+    if at is None:
+        return KINDS_OF_PLUGIN[kind_name]
+    if kind_name != "data":
+        raise ConfigError(f"new-plugin --at {at}: --at says where a data algorithm acts; "
+                          f"it goes with --kind data, not --kind {kind_name}")
+    if at not in DATA_POINTS:
+        raise ConfigError(f"new-plugin --kind data --at {at}: choose one of "
+                          f"{', '.join(DATA_POINTS)}")
+    return DATA_POINTS[at]
+
+
+def _distribution(name: str, kind: Kind) -> str:
     """``astraflow-plugin-raas-my-engine``: the prefix the registry's hints name."""
-    return KINDS[KINDS_OF_PLUGIN[kind_name].registry_kind][2] + name.replace("_", "-")
+    return KINDS[kind.registry_kind][2] + name.replace("_", "-")
 
 
-def _files(name: str, kind_name: str) -> dict[str, str]:
-    kind = KINDS_OF_PLUGIN[kind_name]
+def _files(name: str, kind_name: str, kind: Kind) -> dict[str, str]:
     hook, group, _ = KINDS[kind.registry_kind]
-    dist = _distribution(name, kind_name)
+    dist = _distribution(name, kind)
+    # a group of which a run selects several options keeps each one's settings apart
+    prefix = f"{group}.{name}" if group in MULTI_GROUPS else group
     package = f"astraflow_{name}"
     cls = _camel(name)
     config_base = kind.config_base.rsplit(" ", 1)[-1] if kind.config_base else ""
@@ -174,7 +245,7 @@ def _files(name: str, kind_name: str) -> dict[str, str]:
     engine = kind_name in ("raas", "trainer")
     check_block = f'''
 def check_config(config) -> None:
-    """Judge ``{group}.*`` without importing the engine (the launcher calls it before
+    """Judge ``{prefix}.*`` without importing the engine (the launcher calls it before
     anything starts, so keep heavy imports out): raise ValueError naming a setting this
     engine cannot run."""
 
@@ -190,7 +261,7 @@ only when a run selects it."""
 
 @dataclass
 class {cls}Config{f"({config_base})" if config_base else ""}:
-    """Settings of ``{group}={name}`` (``{group}.KEY=VALUE`` on the command line)."""
+    """Settings of ``{group}={name}`` (``{prefix}.KEY=VALUE`` on the command line)."""
 
     name: str = "{name}"
 {kind.settings}
@@ -200,8 +271,10 @@ def {hook}(register):
     register("{name}", "{package}.impl:{cls}", {cls}Config,
              description="TODO: say in one line what {name} does."{check_arg})
 '''
+    role = f"\n\n{kind.role}" if kind.role else ""
     impl = f'''\
-"""``{group}={name}``: the {kind.base} contract (astraflow.contracts.{kind.base})."""
+"""``{group}={name}``: the {kind.base} contract (astraflow.contracts.{kind.base}).{role}
+"""
 
 from __future__ import annotations
 
@@ -259,17 +332,16 @@ Fill in `{impl_file}` (each method says so until it is written) and the settings
             f"tests/test_{name}.py": test}
 
 
-def write_plugin(name: str, kind: str, where: Path) -> Path:
-    """Write the package for ``kind=NAME`` under ``where``; its directory."""
+def write_plugin(name: str, kind: str, where: Path, at: str | None = None) -> Path:
+    """Write the package for ``kind=NAME`` under ``where``; its directory. ``at``: where
+    a data algorithm acts (:data:`DATA_POINTS`), :data:`DEFAULT_DATA_POINT` if None."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise ConfigError(f"new-plugin {name!r}: a plugin name is lower case letters, digits "
                           "and _, starting with a letter (it becomes the option and "
                           "module name)")
-    if kind not in KINDS_OF_PLUGIN:
-        raise ConfigError(f"new-plugin --kind {kind}: choose one of "
-                          f"{', '.join(KINDS_OF_PLUGIN)}")
-    files = _files(name, kind)
-    root = where / _distribution(name, kind)
+    spec = kind_of(kind, at)
+    files = _files(name, kind, spec)
+    root = where / _distribution(name, spec)
     if root.exists():
         raise ConfigError(f"new-plugin: {root} already exists; remove it or choose --dir")
     for rel, text in files.items():
@@ -279,17 +351,36 @@ def write_plugin(name: str, kind: str, where: Path) -> Path:
     return root
 
 
+_EPILOG = """\
+a data algorithm (--kind data) acts at one point of the data path, chosen by --at:
+  before   a TaskSelector, before rollout: which tasks are issued now (a curriculum,
+           GRESO); should_issue, observe_group, state_dict/load_state_dict
+  after    a TrajectoryFilter, after rollout: which finished groups go to the
+           buffer; keep (the default: what --kind data alone writes)
+  serving  a BatchSampler, at batch serving: which fresh and already-trained
+           trajectories make a batch (replay); compose
+
+examples:
+  astraflow new-plugin my_engine --kind raas
+  astraflow new-plugin my_curriculum --kind data --at before
+"""
+
+
 @command("new-plugin")
 def cmd_new_plugin(argv: list[str]) -> int:
     """Write a plugin package to fill in: entry point, config, stub, contract test."""
     parser = argparse.ArgumentParser(prog="astraflow new-plugin",
-                                     description=cmd_new_plugin.__doc__)
+                                     description=cmd_new_plugin.__doc__, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="the option's name, e.g. my_engine (raas=my_engine)")
     parser.add_argument("--kind", required=True, choices=list(KINDS_OF_PLUGIN),
                         help="what it provides")
+    parser.add_argument("--at", choices=list(DATA_POINTS),
+                        help="with --kind data: where on the data path it acts (below); "
+                             f"default {DEFAULT_DATA_POINT}")
     parser.add_argument("--dir", default=".", help="where to write the package")
     args = parser.parse_args(argv)
-    root = write_plugin(args.name, args.kind, Path(args.dir))
+    root = write_plugin(args.name, args.kind, Path(args.dir), args.at)
     print(f"wrote {root}\n  pip install -e {root}\n  python -m astraflow plugins\n"
           f"  python -m pytest {root / 'tests'}")
     return 0
