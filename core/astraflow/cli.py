@@ -172,7 +172,6 @@ def cmd_preload(argv: list[str]) -> int:
 
 def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
     """For a mistyped setting: one line naming it and the settings its section has."""
-    import difflib
     import re
 
     found = re.search(r"Could not override '([^']+)'", str(exc))
@@ -180,13 +179,14 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
         return None
     key = overridden = found.group(1)
     # a section set whole (`launcher.trainer={num_gpu: 1}`): the mistyped key inside it
-    inner = re.search(r"is not in struct\s+full_key: (\S+)", str(exc.__cause__))
+    inner = re.search(r"(?:is not in struct|not in '\w+')\s+full_key: (\S+)",
+                      str(exc.__cause__))
     if inner is not None and inner.group(1).startswith(key + "."):
         key = inner.group(1)
     try:
         from omegaconf import DictConfig
 
-        from astraflow.config import compose_config
+        from astraflow.config import compose_config, unknown_key_message
 
         # without the override that failed (its key may be an alias: agent.x is workflow.x)
         rest = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").endswith(
@@ -199,15 +199,7 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
             node, depth = node[parts[depth]], depth + 1
         if depth == len(parts) or not isinstance(node, DictConfig):
             return None  # a setting that exists but refuses this value: Hydra's words
-        leaf = parts[depth]
-        parent, key = ".".join(parts[:depth]), ".".join(parts[:depth + 1])
-        if not parent:  # the top level has many: the nearest ones
-            near = difflib.get_close_matches(leaf, [str(k) for k in node], n=3)
-            return (f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?"
-                                                  if near else ""))
-        near = difflib.get_close_matches(leaf, [str(k) for k in node], n=1)
-        return (f"{key} is not a setting; {parent} has: {', '.join(sorted(node.keys()))}"
-                + (f" (did you mean {near[0]}?)" if near else ""))
+        return unknown_key_message(root, ".".join(parts[:depth + 1]))
     except Exception:
         return None
 
@@ -228,6 +220,18 @@ def _unknown_option(exc: Exception) -> str | None:
     near = difflib.get_close_matches(option, options, n=1)
     return (f"{group}={option} is not an option; {group} has: {', '.join(options)}"
             + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+def config_error(exc: Exception, overrides: list[str]) -> str:
+    """What Hydra or OmegaConf refused in composing ``overrides``, in the words the
+    console prints after ``astraflow: config error:``."""
+    said = _unknown_setting(exc, overrides) or _unknown_option(exc)
+    if said:
+        return said
+    cause = exc.__cause__
+    if cause is not None:  # "Error merging override X=Y": say why
+        return f"{exc}: {str(cause).splitlines()[0]}"
+    return str(exc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,11 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(exc, HydraException | OmegaConfBaseException):
             raise
         # the overrides alone: Hydra's own flags (--cfg job) are not overrides to compose
-        said = _unknown_setting(exc, _hydra_flags(argv)[3]) or _unknown_option(exc) or exc
-        cause = exc.__cause__
-        if said is exc and cause is not None:  # "Error merging override X=Y": say why
-            said = f"{exc}: {str(cause).splitlines()[0]}"
-        print(f"astraflow: config error: {said}",
+        print(f"astraflow: config error: {config_error(exc, _hydra_flags(argv)[3])}",
               file=sys.stderr)
         code = 2
     except KeyboardInterrupt:

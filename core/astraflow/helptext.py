@@ -15,6 +15,7 @@ import typing
 from importlib import resources
 from typing import Any
 
+from astraflow import __version__
 from astraflow.errors import ConfigError
 
 USAGE = """\
@@ -113,6 +114,13 @@ def _file_options(group: str) -> dict[str, str]:
             if p.name.endswith(".yaml")}
 
 
+def _schema_options(group: str) -> dict[str, type]:
+    """The core's own options of a group that no plugin provides (the launchers)."""
+    from astraflow.launch.options import LAUNCHERS
+
+    return dict(LAUNCHERS) if group == "launcher" else {}
+
+
 def _file_summary(text: str) -> str:
     for line in text.splitlines():
         line = line.strip()
@@ -132,6 +140,11 @@ def group_lines(group: str) -> list[str]:
         source = f"{entry.distribution} {entry.version}"
         out.append(f"    {name}{mark}  [{source}]" +
                    (f"  {entry.description}" if entry.description else ""))
+    for name, cls in sorted(_schema_options(group).items()):
+        mark = " (default)" if DEFAULT_OPTIONS.get(group) == name else ""
+        summary = class_doc(cls).split("\n")[0]
+        out.append(f"    {name}{mark}  [astraflow {__version__}]" +
+                   (f"  {summary}" if summary else ""))
     for name, path in sorted(_file_options(group).items()):
         mark = " (default)" if DEFAULT_OPTIONS.get(group) == name else ""
         text = (resources.files("astraflow.conf") / path.removeprefix("conf/")).read_text()
@@ -180,6 +193,11 @@ def topic(spec: str) -> str:
             prefix = f"{group}.{option}." if group in MULTI_GROUPS else f"{group}."
             return "\n".join([*head, "", "Settings:",
                               *settings_table(entry.config_cls, prefix)])
+        schema = _schema_options(group).get(option)
+        if schema is not None:
+            return "\n".join([f"{group}={option}  [astraflow {__version__}]", "",
+                              textwrap.indent(class_doc(schema), "  "), "", "Settings:",
+                              *settings_table(schema, f"{group}.")])
         path = _file_options(group).get(option)
         if path is not None:
             text = (resources.files("astraflow.conf") / path.removeprefix("conf/")).read_text()

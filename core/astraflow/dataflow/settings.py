@@ -15,8 +15,19 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from astraflow.errors import ConfigError
+from astraflow.schema import (
+    AstraFlowConfig,
+    DataflowConfig,
+    PolicyConfig,
+    check_instance,
+    like,
+    setting,
+)
 
-ORDERS = ("fifo", "edf")
+_RUN = {f.name: f for f in dataclasses.fields(AstraFlowConfig)}
+_DATAFLOW = {f.name: f for f in dataclasses.fields(DataflowConfig)}
+_STALENESS = next(f for f in dataclasses.fields(PolicyConfig) if f.name == "max_staleness")
+ORDERS = _DATAFLOW["order"].metadata["astraflow"]["choices"]
 
 
 @dataclass
@@ -26,53 +37,51 @@ class DataflowSettings:
     ``policies`` maps each policy to its ``max_staleness`` (in weight versions).
     ``task`` is the task option's config (with ``name``) or None when tasks only
     arrive over HTTP; ``data`` maps data-algorithm names to their option configs.
+    The settings a run config also has take their defaults and ranges from its schema
+    (:mod:`astraflow.schema`), so a service started alone runs as a launched one.
     """
 
     store: str
-    policies: dict[str, int] = field(default_factory=lambda: {"policy": 2})
-    group_size: int = 8
-    batch_size: int = 32
-    order: str = "fifo"
-    lease_seconds: float = 60.0
-    buffer_capacity: int = 4096
-    heartbeat_timeout: float = 30.0
+    policies: dict[str, int] = field(
+        default_factory=lambda: {"policy": _STALENESS.default})
+    group_size: int = like(_RUN["group_size"])
+    batch_size: int = like(_RUN["batch_size"])
+    order: str = like(_DATAFLOW["order"])
+    lease_seconds: float = like(_DATAFLOW["lease_seconds"])
+    buffer_capacity: int = like(_DATAFLOW["buffer_capacity"])
+    heartbeat_timeout: float = like(_DATAFLOW["heartbeat_timeout"])
     #: at a run's end, tasks for this many batches beyond the trainers' last are issued,
     #: so the last batches take the first groups back instead of waiting for the
     #: slowest (0: exactly what the run needs; the spare is left over, reported apart)
-    end_spare_batches: int = 1
+    end_spare_batches: int = like(_DATAFLOW["end_spare_batches"])
     task: Any = None
     data: dict[str, Any] = field(default_factory=dict)
-    max_body_bytes: int = 64 * 1024 * 1024
-    autoscale_window: float = 60.0
+    max_body_bytes: int = setting(64 * 1024 * 1024, ge=1)
+    autoscale_window: float = setting(60.0, gt=0)
     #: SQLite ``synchronous``: NORMAL survives a killed process; FULL also a power cut
-    synchronous: str = "NORMAL"
+    synchronous: str = setting("NORMAL", choices=("NORMAL", "FULL"))
     #: mount ``POST /v1/echo`` (answers any body with its size: the ceiling
     #: ``bench/dataflow.py`` measures ingest against); never in a run
     bench_echo: bool = False
 
     def __post_init__(self) -> None:
-        if self.order not in ORDERS:
-            raise ConfigError(f"dataflow.order={self.order!r}; choose {' or '.join(ORDERS)}")
+        self.synchronous = self.synchronous.upper()
         if not self.policies:
             raise ConfigError("dataflow needs at least one policy")
-        for name, staleness in self.policies.items():
-            if int(staleness) < 0:
-                raise ConfigError(f"policies.{name}.max_staleness={staleness}: versions a sample "
-                                  "may lag the weights it is trained on, 0 or more")
-        for key in ("group_size", "batch_size", "buffer_capacity"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"dataflow {key} must be >= 1, got {getattr(self, key)}")
-        if self.end_spare_batches < 0:
-            raise ConfigError(f"dataflow.end_spare_batches={self.end_spare_batches}; must be "
-                              ">= 0")
-        if self.lease_seconds <= 0 or self.heartbeat_timeout <= 0:
-            raise ConfigError("dataflow lease_seconds and heartbeat_timeout must be > 0")
-        if self.synchronous.upper() not in ("NORMAL", "FULL"):
-            raise ConfigError(f"dataflow synchronous must be NORMAL or FULL: {self.synchronous}")
+        wrong = check_instance(self, "dataflow.") + [
+            f"policies.{name}.{problem}" for name, staleness in self.policies.items()
+            for problem in check_instance(_Staleness(int(staleness)))]
+        if wrong:
+            raise ConfigError("; ".join(wrong))
 
     @property
     def store_path(self) -> Path:
         return Path(self.store)
+
+
+@dataclass
+class _Staleness:
+    max_staleness: int = like(_STALENESS)
 
 
 def _plain(node: Any) -> Any:
@@ -103,7 +112,7 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
         lease_seconds=float(df.lease_seconds),
         buffer_capacity=int(df.buffer_capacity),
         heartbeat_timeout=float(df.heartbeat_timeout),
-        end_spare_batches=int(df.get("end_spare_batches", 1)),
+        end_spare_batches=int(df.end_spare_batches),
         task=_plain(cfg.task),
         data=data,
     )
@@ -111,8 +120,6 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
 
 def settings_from_yaml(path: str | Path, store: str | None = None) -> DataflowSettings:
     """Settings from a resolved run config written by the launcher."""
-    from astraflow.config import AstraFlowConfig
-
     loaded = OmegaConf.load(path)
     schema = OmegaConf.structured(AstraFlowConfig)
     if "policies" in loaded:

@@ -399,17 +399,6 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     preflight.check_backends(cfg)
     cfg.policies = resolve_policies(cfg)
-    if cfg.autoscale and not 1 <= cfg.min_nodes <= cfg.num_nodes <= cfg.max_nodes:
-        raise ConfigError(f"autoscale needs 1 <= min_nodes <= num_nodes <= max_nodes; got "
-                          f"{cfg.min_nodes}, {cfg.num_nodes}, {cfg.max_nodes}")
-    # the data layer's own checks (dataflow.order, max_staleness), here and not in its
-    # process: a mistake there stops the run before anything starts
-    from astraflow.dataflow.settings import settings_from_config
-
-    settings_from_config(cfg, store="unused")
-    if cfg.autoscale and cfg.mode == "sync":
-        raise ConfigError("autoscale=true needs mode=async: the synchronous baseline splits "
-                          "each iteration across a fixed number of nodes")
     preflight.resolve_paths(cfg)
     preflight.check_reward(cfg)
     preflight.check_workflow(cfg)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from omegaconf import OmegaConf
 
 from astraflow.config import AstraFlowConfig, PolicyConfig
-from astraflow.dataflow.settings import settings_from_config, settings_from_yaml
+from astraflow.dataflow.settings import DataflowSettings, settings_from_config, settings_from_yaml
 from astraflow.errors import ConfigError
 
 
@@ -37,3 +39,17 @@ def test_bad_settings_say_what_is_wrong(tmp_path):
     cfg.dataflow.order = "lifo"
     with pytest.raises(ConfigError, match="order"):
         settings_from_config(cfg, store=str(tmp_path))
+
+
+def test_a_data_layer_started_alone_has_the_run_configs_defaults(tmp_path):
+    """``astraflow dataflow --store DIR`` serves as a launched run's data layer does: the
+    settings both have take one default and one range, from the run config's schema."""
+    alone = DataflowSettings(store=str(tmp_path))
+    launched = settings_from_config(OmegaConf.structured(AstraFlowConfig(run_dir=str(tmp_path))))
+    assert alone == dataclasses.replace(launched, store=str(tmp_path), task=None)
+    assert (alone.batch_size, alone.policies) == (AstraFlowConfig().batch_size,
+                                                  {"policy": PolicyConfig().max_staleness})
+    with pytest.raises(ConfigError, match=r"^dataflow.lease_seconds=0: must be > 0$"):
+        DataflowSettings(store=str(tmp_path), lease_seconds=0)
+    with pytest.raises(ConfigError, match=r"^policies.solver.max_staleness=-1: must be >= 0"):
+        DataflowSettings(store=str(tmp_path), policies={"solver": -1})
