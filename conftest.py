@@ -29,12 +29,11 @@ ROOT = Path(__file__).parent
 TIERS = ("unit", "system", "learning")
 UNIT_SECONDS = 5.0
 #: directories and files whose tests one worker runs, one after another, under one name:
-#: the Ray cluster's tests (``ray stop`` ends every cluster on the machine), and the tests
-#: that pip-install a package into the environment the other worker is using
+#: the Ray cluster's tests (``ray stop`` ends every cluster on the machine). Tests that
+#: install a package install it with ``pip --target`` into a directory of their own, so
+#: none changes the environment the other worker is using
 GROUPS = {
     "tests/system/cluster": "ray-cluster",
-    "tests/system/core/test_core_new_plugin.py": "installs",
-    "tests/system/core/test_core_third_party_plugin.py": "installs",
 }
 #: audit events that start another process
 SPAWNS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,35 +28,37 @@ def _write_plugin(where: Path) -> Path:
     return root
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, site: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site)} if site else None
     return subprocess.run([sys.executable, "-m", "astraflow", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
 
 
 @pytest.fixture
-def installed_plugin(tmp_path):
+def installed_plugin(tmp_path) -> Path:
+    """The plugin pip-installed into a directory of its own, as a user's environment
+    would have it (entry points are found on ``sys.path``): the environment the tests
+    run in is left alone."""
     root = _write_plugin(tmp_path)
-    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", str(root)],
-                   check=True, timeout=300)
-    try:
-        yield
-    finally:
-        subprocess.run([*PIP, "uninstall", "-y", "astraflow-plugin-raas-toyengine"],
-                       check=True, timeout=300)
+    site = tmp_path / "site"
+    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", "--target",
+                    str(site), str(root)], check=True, timeout=300)
+    return site
 
 
 def test_third_party_plugin_is_discovered_listed_and_selectable(installed_plugin):
-    listed = {p["name"]: p for p in json.loads(_cli("plugins", "--json").stdout)}
+    site = installed_plugin
+    listed = {p["name"]: p for p in json.loads(_cli("plugins", "--json", site=site).stdout)}
     assert listed["toyengine"]["distribution"] == "astraflow-plugin-raas-toyengine"
     assert listed["toyengine"]["version"] == "3.1.4"
     assert listed["toyengine"]["provides"] == {"raas": ["toyengine"]}
 
     for spelling in ("+raas=toyengine", "raas=toyengine"):
-        proc = _cli("--cfg", spelling, "raas.speed=7.5")
+        proc = _cli("--cfg", spelling, "raas.speed=7.5", site=site)
         assert proc.returncode == 0, proc.stderr
         assert "name: toyengine" in proc.stdout and "speed: 7.5" in proc.stdout
 
-    proc = _cli("--cfg", "+raas=toyengine", "+raas.sped=1")
+    proc = _cli("--cfg", "+raas=toyengine", "+raas.sped=1", site=site)
     assert proc.returncode == 2 and "raas.sped" in proc.stderr
 
 
