@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig
 
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.types import PROMPT, Generation, Span, Task, Trajectory
-from astraflow.workflows.latency import Latency
+from astraflow.workflows.latency import Latency, LatencyConfig
+
+S = TypeVar("S")
 
 
 class TrajectoryBuilder:
@@ -80,10 +87,43 @@ def without_stop(gen: Generation, stop_token_ids: list[int]) -> Generation:
     return gen.head(len(ids) - int(bool(ids) and ids[-1] in stop_token_ids))
 
 
+@dataclass
+class EnvConfig:
+    """What :class:`EnvWorkflow` reads of a workflow's config."""
+
+    #: an environment call per sample before it is scored (a verifier service, a
+    #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+
+
+def with_defaults(config: Any, schema: type[S]) -> S:
+    """The settings of the dataclass ``schema`` read from ``config`` (a run's option
+    config, a dataclass or a dict), each one ``config`` lacks at ``schema``'s default:
+    a base class reads its own settings through it, so a subclass's config dataclass
+    need not declare them."""
+    values = {}
+    for f in dataclasses.fields(schema):
+        if isinstance(config, Mapping | DictConfig):
+            if f.name in config:
+                values[f.name] = config[f.name]
+        elif hasattr(config, f.name):
+            values[f.name] = getattr(config, f.name)
+    return schema(**values)
+
+
 class EnvWorkflow(Workflow):
     """A workflow that checks its config when built (``check_config``, which the launcher
     also calls before anything starts) and waits on its environment as
-    ``workflow.latency`` says (``self.latency``)."""
+    ``workflow.latency`` says (``self.latency``).
+
+    ``settings`` holds what this class and its bases read of the config, as the
+    dataclass ``settings_class`` (:class:`EnvConfig` here; ``SingleTurnConfig`` for the
+    single-turn workflow), with defaults for what a subclass's own config does not
+    declare; a subclass reads its own settings from ``config``.
+    """
+
+    #: the settings this class reads, each with its default
+    settings_class: type = EnvConfig
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -92,7 +132,8 @@ class EnvWorkflow(Workflow):
     def __init__(self, config: Any, tokenizer: Any, reward: Any) -> None:
         super().__init__(config, tokenizer, reward)
         self.check_config(config)
-        self.latency = Latency(config.latency)
+        self.settings = with_defaults(config, self.settings_class)
+        self.latency = Latency(self.settings.latency)
 
 
 class AttemptsWorkflow(EnvWorkflow):

@@ -25,7 +25,15 @@ class SingleTurnConfig:
 
 
 class SingleTurnWorkflow(EnvWorkflow):
+    """One prompt, ``group_size`` sampled completions, each scored by the reward.
+
+    A subclass with a config of its own need not declare ``max_new_tokens``,
+    ``temperature`` or ``latency``: ``self.settings`` has them, at
+    :class:`SingleTurnConfig`'s defaults where the subclass's config lacks them.
+    """
+
     roles = ("policy",)
+    settings_class = SingleTurnConfig
 
     async def _score(self, task: Task, token_ids: list[int]):
         await self.latency.wait()
@@ -39,8 +47,8 @@ class SingleTurnWorkflow(EnvWorkflow):
         generations = await policies[role].generate(
             prompt_ids,
             n=group_size,
-            max_new_tokens=self.config.max_new_tokens,
-            temperature=self.config.temperature,
+            max_new_tokens=self.settings.max_new_tokens,
+            temperature=self.settings.temperature,
             stop_token_ids=self.tokenizer.stop_token_ids,
         )
         scores = await asyncio.gather(*(self._score(task, gen.token_ids)
