@@ -307,7 +307,7 @@ name = "{dist}"
 version = "0.1.0"
 description = "AstraFlow plugin: {group}={name}"
 requires-python = ">=3.11"
-dependencies = ["astraflow"]
+dependencies = ["astraflow>=1,<2"]
 
 [project.entry-points.astraflow]
 {name} = "{package}"
