@@ -123,3 +123,13 @@ def watch(browser, run_dir: Path, launcher: subprocess.Popen,
     _, title, text = next(c for c in cells() if c[0] > seen + 1)
     assert "after publication" in title
     assert float(text) >= 0.0
+
+    # the evaluator's held-out scores draw the solver's accuracy chart (eval_every=10)
+    def accuracy_chart(d) -> str:
+        return d.execute_script(
+            "const h = [...document.querySelectorAll('article[data-policy=solver] h3')]"
+            ".find(e => e.textContent.startsWith('held-out accuracy'));"
+            "return h ? h.parentElement.innerHTML : ''")
+
+    wait.until(lambda d: "<svg" in accuracy_chart(d))
+    assert "no data yet" not in accuracy_chart(browser)
