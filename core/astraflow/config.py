@@ -92,7 +92,7 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     for ov in overrides:
         # ``agent.path=...`` is short for ``workflow.path=...`` (workflow=agent)
         ov = re.sub(r"^([+~]*)agent\.", r"\1workflow.", ov)
-        # ``model.path=~/models/x`` as the README writes it: the shell expands no ``~``
+        # ``model.path=~/models/x`` as the docs write it: the shell expands no ``~``
         # after ``=`` in an argument and Hydra's grammar refuses one, so it is expanded
         # here, to the home directory the user meant
         ov = re.sub(r"^([^=~]+=)~(?=/|$)", lambda m: m[1] + os.path.expanduser("~"), ov)

@@ -1,8 +1,8 @@
 """raas=sglang against a real SGLang server: GPU machines only, skipped elsewhere.
 
 Runs the shared rollout contract on ``python -m sglang.launch_server`` with the tiny
-local model, then a short ``python -m astraflow +raas=sglang`` job. See the README
-("GPU tests") for how to run them.
+local model, then a short ``python -m astraflow +raas=sglang`` job. docs/backends.md
+says how to run them on a GPU machine.
 """
 
 from __future__ import annotations
