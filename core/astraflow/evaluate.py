@@ -142,7 +142,9 @@ class Evaluator:
             mark_ready()
             while True:
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
-                due = latest is not None and latest - last >= cfg.eval_every
+                # eval_every=0: version 0 and the final one alone
+                due = (latest is not None and cfg.eval_every > 0
+                       and latest - last >= cfg.eval_every)
                 # the status is asked for only when no evaluation is due anyway
                 done = not due and await asyncio.to_thread(self.trainer_done)
                 if done:  # read again: the trainer published its last version before it

@@ -186,6 +186,8 @@ class AstraFlowConfig:
     steps: int = setting(600, ge=1)
     batch_size: int = setting(256, ge=1)
     group_size: int = setting(8, ge=1)
+    #: the evaluator scores the held-out split every this many versions, at version 0
+    #: and at the final one (0: at version 0 and the final one alone)
     eval_every: int = setting(50, ge=0)
     eval_samples: int = setting(8, ge=1)  # samples per held-out task for eval_accuracy
     #: the evaluator's CPU niceness (0-19): where it shares CPUs with a trainer or an

@@ -82,6 +82,23 @@ def test_deferred_evaluation_scores_every_due_version_after_training(tmp_path,
     assert kept == [], kept
 
 
+@pytest.mark.parametrize("deferred", ["false", "true"])
+def test_eval_every_zero_scores_the_start_and_the_final_version_alone(tmp_path,
+                                                                      tiny_model_dir, deferred):
+    """``eval_every=0``: no evaluation in between, and the run ends (its evaluator used
+    to wait for a due version forever)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "+experiment=smoke", f"run_dir={run_dir}",
+         f"model.path={tiny_model_dir}", "launcher.progress=false", "steps=5",
+         "eval_every=0", f"eval_deferred={deferred}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 5]
+
+
 def test_the_run_logged_to_wandb_and_mlflow_offline_files(smoke_run):
     """Read back with W&B's and MLflow's own readers: the same numbers as metrics.jsonl."""
     pytest.importorskip("wandb.sdk.internal.datastore",
