@@ -10,12 +10,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.schema import setting
+
 #: ``target_modules`` shorthand for every linear layer but the output head (peft's)
 ALL_LINEAR = "all-linear"
 #: names of the trained and exported dtypes, of the losses and of the rollout corrections
 DTYPE_NAMES = ("bfloat16", "float32")
 LOSSES = ("ppo", "m2po")
 CORRECTIONS = ("none", "tis", "mis")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass
@@ -32,11 +35,11 @@ class LoraOptions:
     16). ``merge_final`` also writes the merged model next to the final adapter.
     """
 
-    rank: int = 0
-    alpha: float = 32.0
-    dropout: float = 0.0
+    rank: int = setting(0, ge=0, why="0: no adapters")
+    alpha: float = setting(32.0, gt=0)
+    dropout: float = setting(0.0, ge=0)  # below 1 (PolicyGradientOptions.relations)
     target_modules: Any = ALL_LINEAR
-    lr_ratio: float = 1.0
+    lr_ratio: float = setting(1.0, gt=0, why="1: plain LoRA")
     merge_final: bool = False
 
 
@@ -54,17 +57,10 @@ def lora_targets(lora: Any) -> list[str] | str:
 
 
 def check_lora(lora: Any) -> None:
-    if lora.rank < 0:
-        raise ValueError(f"trainer.lora.rank={lora.rank} must be >= 0 (0: no adapters)")
-    if lora.rank == 0:
-        return
-    if lora.alpha <= 0:
-        raise ValueError(f"trainer.lora.alpha={lora.alpha} must be > 0")
-    if not 0.0 <= lora.dropout < 1.0:
-        raise ValueError(f"trainer.lora.dropout={lora.dropout} must lie in [0, 1)")
-    if lora.lr_ratio <= 0:
-        raise ValueError(f"trainer.lora.lr_ratio={lora.lr_ratio} must be > 0 (1: plain LoRA)")
-    lora_targets(lora)
+    """What the declared ranges of :class:`LoraOptions` cannot say: the target modules of
+    adapters that are trained (``rank`` > 0)."""
+    if lora.rank > 0:
+        lora_targets(lora)
 
 
 def lora_rank(trainer: Any) -> int:
@@ -107,36 +103,46 @@ class PolicyGradientOptions:
     """
 
     name: str = ""
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    adam_eps: float = 1e-8
-    micro_batch_size: int = 64
-    dtype: str = "float32"
-    export_dtype: str = "bfloat16"
-    loss: str = "ppo"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    m2po_tau: float = 0.01
-    kl_coef: float = 0.0
-    rollout_correction: str = "none"
-    rollout_correction_cap: float = 2.0
-    max_grad_norm: float = 1.0
-    num_threads: int = 0
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    total_steps: int = 0
-    world_size: int = 1
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    data_parallel_size: int = 0
-    collective_timeout: float = 600.0
+    lr: float = setting(3e-4, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+    beta1: float = setting(0.9, ge=0)  # below 1 (relations)
+    beta2: float = setting(0.999, ge=0)  # below 1 (relations)
+    adam_eps: float = setting(1e-8, gt=0)
+    micro_batch_size: int = setting(64, ge=1)
+    dtype: str = setting("float32", choices=DTYPE_NAMES)
+    export_dtype: str = setting("bfloat16", choices=DTYPE_NAMES)
+    loss: str = setting("ppo", choices=LOSSES)
+    eps_low: float = setting(0.2, ge=0, le=1)  # the ratio is clipped at 1 - eps_low
+    eps_high: float = setting(0.28, ge=0)
+    m2po_tau: float = setting(0.01, gt=0)
+    kl_coef: float = setting(0.0, ge=0, why="0: no KL reference")
+    rollout_correction: str = setting("none", choices=CORRECTIONS)
+    rollout_correction_cap: float = setting(2.0, gt=1)
+    max_grad_norm: float = setting(1.0, ge=0, why="0: no clipping")
+    num_threads: int = setting(0, ge=0, why="0: torch's default")
+    lr_schedule: str = setting("cosine", choices=LR_SCHEDULES)
+    warmup_steps: int = setting(0, ge=0)
+    min_lr_ratio: float = setting(0.1, ge=0, le=1)
+    total_steps: int = setting(0, ge=0, why="0: the run's steps")
+    world_size: int = setting(1, ge=1)
+    tensor_model_parallel_size: int = setting(1, ge=1)
+    pipeline_model_parallel_size: int = setting(1, ge=1)
+    data_parallel_size: int = setting(0, ge=0, why="0: whatever is left of the world size")
+    collective_timeout: float = setting(600.0, gt=0)
     lora: LoraOptions = field(default_factory=LoraOptions)
 
-
-LR_SCHEDULES = ("constant", "linear", "cosine")
+    @staticmethod
+    def relations(trainer: Any) -> list[str]:
+        """Bounds a setting cannot declare (below 1, not at it), and a layout of ranks
+        that cannot be: ``world_size`` is tensor x pipeline x data parallel ranks."""
+        out = [f"trainer.{key}={value}: must be < 1" for key, value in (
+            ("beta1", trainer.beta1), ("beta2", trainer.beta2),
+            ("lora.dropout", trainer.lora.dropout)) if not value < 1]
+        try:
+            parallel_sizes(trainer)
+        except ValueError as exc:
+            out.append(str(exc))
+        return out
 
 
 def lr_at(options: PolicyGradientOptions, step: int) -> float:
@@ -167,10 +173,6 @@ def parallel_sizes(options: object) -> tuple[int, int, int]:
     tp = int(get("tensor_model_parallel_size", 1))
     pp = int(get("pipeline_model_parallel_size", 1))
     dp = int(get("data_parallel_size", 0))
-    for name, value in (("world_size", world), ("tensor_model_parallel_size", tp),
-                        ("pipeline_model_parallel_size", pp)):
-        if value < 1:
-            raise ValueError(f"trainer.{name}={value} must be >= 1")
     if world % (tp * pp):
         raise ValueError(f"trainer.world_size={world} is not a multiple of "
                          f"tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp}")
@@ -184,24 +186,9 @@ def parallel_sizes(options: object) -> tuple[int, int, int]:
 
 def check_policy_gradient(config: Any) -> None:
     """Every policy-gradient backend's settings judged without importing torch, so the
-    launcher's pre-flight costs no engine import (``PolicyGradientBackend`` runs it too)."""
-    for key in ("dtype", "export_dtype"):
-        if getattr(config, key) not in DTYPE_NAMES:
-            raise ValueError(f"trainer.{key}={getattr(config, key)!r}: choose one of "
-                             f"{list(DTYPE_NAMES)}")
-    if config.loss not in LOSSES:
-        raise ValueError(f"trainer.loss={config.loss!r}: choose one of {list(LOSSES)}")
-    if config.micro_batch_size < 1:
-        raise ValueError(f"trainer.micro_batch_size={config.micro_batch_size} must be >= 1")
-    if not 0.0 <= config.min_lr_ratio <= 1.0:
-        raise ValueError(f"trainer.min_lr_ratio={config.min_lr_ratio} must lie in [0, 1]")
-    if config.rollout_correction not in CORRECTIONS:
-        raise ValueError(f"trainer.rollout_correction={config.rollout_correction!r}: "
-                         f"choose one of {list(CORRECTIONS)}")
-    if not config.rollout_correction_cap > 1.0:
-        raise ValueError(f"trainer.rollout_correction_cap={config.rollout_correction_cap} "
-                         "must be > 1")
-    lr_at(config, 0)  # an unknown schedule is refused here, not at the first step
+    launcher's pre-flight costs no engine import (``PolicyGradientBackend`` runs it too).
+    Ranges and choices are declared with the settings and checked as the config is
+    composed; here is what they cannot say."""
     parallel_sizes(config)
     if getattr(config, "lora", None) is not None:
         check_lora(config.lora)

@@ -6,6 +6,7 @@ Importing this module is cheap: the implementation is imported only when selecte
 from dataclasses import dataclass
 
 from astraflow import hookimpl
+from astraflow.config import setting
 from astraflow.rl.options import PolicyGradientOptions, check_policy_gradient, parallel_sizes
 
 MIXED_PRECISION = ("none", "bfloat16")
@@ -39,7 +40,7 @@ class HFConfig(PolicyGradientOptions):
 
     name: str = "hf"
     device: str = "auto"
-    mixed_precision: str = "none"
+    mixed_precision: str = setting("none", choices=MIXED_PRECISION)
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     reshard_after_forward: bool = True
@@ -56,9 +57,6 @@ def check_config(config) -> None:
             f"trainer.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: "
             "trainer=hf shards by data parallelism (FSDP2) only; use trainer=megatron "
             "for tensor parallelism")
-    if config.mixed_precision not in MIXED_PRECISION:
-        raise ValueError(f"trainer.mixed_precision={config.mixed_precision!r}: choose one "
-                         f"of {list(MIXED_PRECISION)}")
     if config.cpu_offload and dp == 1:
         raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
                          "trainer.world_size > 1")

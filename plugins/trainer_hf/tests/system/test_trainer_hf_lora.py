@@ -115,19 +115,28 @@ def test_a_target_module_that_matches_nothing_names_the_layers_there_are(tiny_mo
 
 
 @pytest.mark.parametrize(("setting", "value", "said"), [
-    ("rank", -1, "trainer.lora.rank=-1 must be >= 0"),
-    ("dropout", 1.0, "trainer.lora.dropout=1.0 must lie in [0, 1)"),
-    ("target_modules", [], "trainer.lora.target_modules=[]: give module names"),
-    ("lr_ratio", 0.0, "trainer.lora.lr_ratio=0.0 must be > 0"),
+    ("rank", -1, "trainer.lora.rank=-1: must be >= 0 (0: no adapters)"),
+    ("dropout", 1.0, "trainer.lora.dropout=1.0: must be < 1"),
+    ("lr_ratio", 0.0, "trainer.lora.lr_ratio=0.0: must be > 0 (1: plain LoRA)"),
 ])
 def test_impossible_lora_settings_are_refused(setting, value, said):
+    """Ranges declared with the settings, refused as the config is composed."""
+    from astraflow.config import compose_config
+    from astraflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(["trainer.lora.rank=16", f"trainer.lora.{setting}={value}"])
+    assert str(info.value) == said
+
+
+def test_an_empty_list_of_target_modules_is_refused():
     from astraflow_trainer_hf.backend import HFTrainerBackend
 
     config = lora_config()
-    config.lora[setting] = value
+    config.lora.target_modules = []
     with pytest.raises(ValueError) as info:
         HFTrainerBackend.check_config(config)
-    assert said in str(info.value)
+    assert "trainer.lora.target_modules=[]: give module names" in str(info.value)
 
 
 def test_named_targets_adapt_only_those_layers(tiny_model_dir):
