@@ -6,6 +6,7 @@ Importing this module is cheap: the implementation is imported only when selecte
 from dataclasses import dataclass
 
 from astraflow import hookimpl
+from astraflow.config import setting
 
 
 @dataclass
@@ -13,9 +14,10 @@ class HFConfig:
     """Settings of ``raas=hf``."""
 
     name: str = "hf"
-    dtype: str = "float32"  # float32 | bfloat16
-    max_batch_size: int = 256  # sequences per forward pass (after expanding n)
-    num_threads: int = 1  # torch intra-op threads of this engine
+    dtype: str = setting("float32", choices=("float32", "bfloat16"))
+    #: sequences per forward pass (after expanding n)
+    max_batch_size: int = setting(256, ge=1)
+    num_threads: int = setting(1, ge=1)  # torch intra-op threads of this engine
     device: str = "auto"  # auto (the first CUDA device if any, else cpu) | cpu | cuda[:N]
     #: samples of one prompt (a GRPO group) share one prefill: the prompt runs through
     #: the model once and its keys and values are copied to each sample's row
@@ -24,11 +26,7 @@ class HFConfig:
 
 def check_config(config) -> None:
     """``raas=hf``'s settings judged without importing torch (the launcher's pre-flight
-    and the backend both call it)."""
-    if config.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"raas.dtype={config.dtype!r}: choose one of float32, bfloat16")
-    if config.max_batch_size < 1:
-        raise ValueError(f"raas.max_batch_size={config.max_batch_size} must be >= 1")
+    and the backend both call it); ranges and choices are declared with the settings."""
     device = str(config.device)
     if device not in ("auto", "cpu", "cuda") and not (
             device.startswith("cuda:") and device[5:].isdigit()):

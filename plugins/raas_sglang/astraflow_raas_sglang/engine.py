@@ -20,12 +20,10 @@ from typing import Any
 import httpx
 
 from astraflow.contracts import RolloutBackend
-from astraflow.errors import ConfigError
 from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import copy_adapter
 from astraflow_raas_sglang.errors import INSTALL_HINT, SGLangServerError, SGLangUnavailableError
 from astraflow_raas_sglang.protocol import (
-    PAUSE_MODES,
     generate_payload,
     json_body,
     lora_server_args,
@@ -58,9 +56,6 @@ class SGLangRolloutBackend(RolloutBackend):
     def check_config(cls, config: Any) -> None:
         """Starting SGLang's own server needs SGLang here; attaching by ``url`` or
         starting another ``server_module`` does not."""
-        if config.pause_mode not in PAUSE_MODES:
-            raise ConfigError(f"raas.pause_mode={config.pause_mode!r}: use one of "
-                              f"{', '.join(PAUSE_MODES)}")
         needs_sglang = not config.url and config.server_module.startswith("sglang.")
         if needs_sglang and importlib.util.find_spec("sglang") is None:
             raise SGLangUnavailableError(INSTALL_HINT)

@@ -14,8 +14,6 @@ import httpx
 from astraflow.types import Generation, GenerationRequest
 from astraflow_raas_sglang.errors import SGLangServerError
 
-PAUSE_MODES = ("abort", "retract", "in_place")
-
 
 def generate_payload(request: GenerationRequest, rid: str,
                      lora_name: str | None = None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ kill components mid-run, never to claim anything about learning.
 from dataclasses import dataclass
 
 from astraflow import hookimpl
+from astraflow.config import setting
 
 
 @dataclass
@@ -16,13 +17,13 @@ class SimConfig:
 
     name: str = "sim"
     #: seconds per generate call before the first token (prefill, queueing)
-    generation_seconds: float = 0.05
+    generation_seconds: float = setting(0.05, ge=0)
     #: seconds per generated token of the longest sample in a call (decode)
-    token_seconds: float = 0.0
+    token_seconds: float = setting(0.0, ge=0)
     #: seconds the environment takes per call (a tool or simulator answering the turn)
-    env_seconds: float = 0.0
+    env_seconds: float = setting(0.0, ge=0)
     #: seed of sampled (temperature > 0) generations
-    seed: int = 0
+    seed: int = setting(0, ge=0)
 
 
 @hookimpl

@@ -289,11 +289,13 @@ def test_an_unreachable_url_is_reported(tmp_path):
         loop.close()
 
 
-def test_an_unknown_pause_mode_is_a_config_error(tmp_path):
+def test_an_unknown_pause_mode_is_a_config_error():
+    from astraflow.config import compose_config
     from astraflow.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="abort, retract, in_place"):
-        SGLangRolloutBackend(standin_config(tmp_path, pause_mode="drain"), "unused")
+    with pytest.raises(ConfigError) as info:
+        compose_config(["raas=sglang", "raas.pause_mode=drain"])
+    assert str(info.value) == "raas.pause_mode=drain: choose abort or retract or in_place"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
