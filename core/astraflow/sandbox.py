@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from astraflow.sandbox_child import LAYERS_ENV, MEMORY_EXIT, SETUP_FAILED
+from astraflow.schema import check_instance, setting
 
 if TYPE_CHECKING:
     import asyncio
@@ -66,14 +67,19 @@ class SandboxConfig:
     ``refuse`` (the interpreter refuses sockets), ``auto`` (namespace where the kernel
     allows one, else refuse)."""
 
-    timeout: float = 5.0  # wall-clock seconds per run; the whole process group is killed
-    memory_mb: int = 512  # address space (RLIMIT_AS) of each process
-    max_processes: int = 32  # processes and threads at once: a fork bomb fails to fork
-    max_output_bytes: int = 65536  # stdout and stderr each; beyond it the run is killed
-    concurrency: int = 4  # runs at once per Sandbox; the others wait
-    network: str = "auto"
-    cpu_seconds: int = 0  # RLIMIT_CPU; 0: the timeout plus one second
-    max_file_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
+    #: wall-clock seconds per run; the whole process group is killed
+    timeout: float = setting(5.0, gt=0)
+    memory_mb: int = setting(512, ge=1)  # address space (RLIMIT_AS) of each process
+    #: processes and threads at once: a fork bomb fails to fork
+    max_processes: int = setting(32, ge=1)
+    #: stdout and stderr each; beyond it the run is killed
+    max_output_bytes: int = setting(65536, ge=1)
+    concurrency: int = setting(4, ge=1)  # runs at once per Sandbox; the others wait
+    network: str = setting("auto", choices=NETWORK_MODES)
+    #: RLIMIT_CPU
+    cpu_seconds: int = setting(0, ge=0, why="0: the timeout plus one second")
+    #: largest file the program may write (RLIMIT_FSIZE)
+    max_file_mb: int = setting(64, ge=1)
 
 
 @dataclass
@@ -106,13 +112,10 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
-        if self.config.network not in NETWORK_MODES:
-            raise ValueError(f"sandbox network={self.config.network!r}: use one of "
-                             f"{', '.join(NETWORK_MODES)}")
-        for name in ("timeout", "memory_mb", "max_processes", "max_output_bytes",
-                     "concurrency", "max_file_mb"):
-            if getattr(self.config, name) <= 0:
-                raise ValueError(f"sandbox {name}={getattr(self.config, name)} must be positive")
+        # a sandbox is also built in code, not only from a checked run config: the limits
+        # its settings declare are checked here too
+        if wrong := check_instance(self.config, "sandbox."):
+            raise ValueError("; ".join(wrong))
         self._cgroup_parent = _pids_cgroup_parent()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._slots = weakref.WeakKeyDictionary()

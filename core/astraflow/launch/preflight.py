@@ -86,13 +86,6 @@ def check_workflow(cfg: DictConfig) -> None:
                     None)
     if callable(check):
         check(cfg.workflow)
-    if cfg.workflow.get("latency") is not None:  # every workflow with environment latency
-        from astraflow.workflows.latency import Latency
-
-        try:
-            Latency(cfg.workflow.latency)
-        except ValueError as exc:
-            raise ConfigError(f"workflow.{exc}") from None
 
 
 def check_reward(cfg: DictConfig) -> None:

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
+from astraflow.gateway.tools import PARSERS
 from astraflow.rewards.base import Score, as_score
+from astraflow.schema import setting
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.agent_worker import ERROR_CHARS, ClientConfig
 from astraflow.workflows.builder import TrajectoryBuilder
@@ -55,22 +57,24 @@ class AgentConfig:
     path: str = ""  # a Python file defining the agent function
     function: str = "run"
     command: str = ""  # or: a command line; the gateway's URL and key in its environment
-    timeout: float = 300.0  # seconds per rollout; a slower agent fails its rollout
+    #: seconds per rollout; a slower agent fails its rollout
+    timeout: float = setting(300.0, gt=0)
     #: processes running agent.path's function; null: one per CPU, at most 4 (the
     #: openai client spends ~1.5 ms of CPU a call). 0: on the node's own event loop,
     #: where an agent that blocks or burns CPU stalls the node's engine and gateway
-    workers: int | None = None
+    workers: int | None = setting(None, ge=0, why="0: the node's own event loop")
     #: the model names the agent may call, each a policy of the run
     models: list[str] = field(default_factory=lambda: ["policy"])
-    credit: str = "final"  # final: every segment gets the reward | discount: per call
-    discount: float = 1.0
-    max_tokens: int = 16  # when a request names none
-    temperature: float = 1.0  # when a request names none
-    tool_parser: str = "auto"  # auto | hermes | pythonic | none
+    #: final: every segment gets the reward | discount: per call
+    credit: str = setting("final", choices=CREDIT)
+    discount: float = setting(1.0, ge=0, le=1)
+    max_tokens: int = setting(16, ge=1)  # when a request names none
+    temperature: float = setting(1.0, ge=0)  # when a request names none
+    tool_parser: str = setting("auto", choices=PARSERS)
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = setting(0, ge=0, le=65535)  # 0 picks a free port
     advertise_host: str | None = None
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = setting(8 * 1024 * 1024, ge=1)
 
 
 class AgentFailed(Exception):
@@ -219,12 +223,6 @@ class AgentWorkflow(Workflow):
         function (None for a command). The launcher calls it before anything starts."""
         if not config.models:
             raise ConfigError("agent.models is empty: name the model(s) the agent calls")
-        if config.credit not in CREDIT:
-            raise ConfigError(f"agent.credit={config.credit}: expected one of "
-                              f"{', '.join(CREDIT)}")
-        if config.workers is not None and config.workers < 0:
-            raise ConfigError(f"agent.workers={config.workers}: expected 0 (the node's own "
-                              "event loop) or a number of processes")
         if bool(config.path) == bool(config.command):
             raise ConfigError("workflow=agent needs agent.path=FILE (with agent.function) "
                               "or agent.command='CMD ...', not both")

@@ -12,22 +12,25 @@ import math
 import random
 from dataclasses import dataclass
 
+from astraflow.schema import setting
+
+#: ``latency.kind``
+KINDS = ("none", "fixed", "lognormal")
+
 
 @dataclass
 class LatencyConfig:
     """Per-turn delay: ``lognormal`` with ``median`` seconds and shape ``sigma``, capped
     at ``max``; ``fixed`` waits ``median``; ``none`` never waits."""
 
-    kind: str = "none"
-    median: float = 0.0
-    sigma: float = 1.0
-    max: float = 30.0
+    kind: str = setting("none", choices=KINDS)
+    median: float = setting(0.0, ge=0)
+    sigma: float = setting(1.0, ge=0)
+    max: float = setting(30.0, ge=0)
 
 
 class Latency:
     def __init__(self, config: LatencyConfig, seed: int | None = None) -> None:
-        if config.kind not in ("none", "fixed", "lognormal"):
-            raise ValueError(f"latency.kind={config.kind!r}; choose none, fixed or lognormal")
         self.config = config
         self.rng = random.Random(seed)
 

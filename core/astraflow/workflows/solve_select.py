@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
-from astraflow.errors import ConfigError
+from astraflow.schema import setting
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
@@ -44,10 +44,10 @@ class SolveSelectConfig:
     """``workflow=solve_select``: ``candidates`` solver samples per attempt."""
 
     name: str = "solve_select"
-    candidates: int = 4
-    max_new_tokens: int = 12
-    selector_max_new_tokens: int = 2
-    temperature: float = 1.0
+    candidates: int = setting(4, ge=2, le=10, why="the selector answers with one digit")
+    max_new_tokens: int = setting(12, ge=1)
+    selector_max_new_tokens: int = setting(2, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
 
@@ -64,13 +64,6 @@ def perturb(answer: str, rng: random.Random) -> str:
 
 class SolveSelectWorkflow(AttemptsWorkflow):
     roles = ("solver", "selector")
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        """A one-line error for a bad setting; the launcher calls it before anything starts."""
-        if config.candidates < 2 or config.candidates > 10:
-            raise ConfigError(f"workflow.candidates={config.candidates}: choose 2..10 "
-                              "(the selector answers with one digit)")
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:

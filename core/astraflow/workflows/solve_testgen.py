@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
+from astraflow.schema import setting
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
@@ -46,10 +47,10 @@ class SolveTestgenConfig:
     """``workflow=solve_testgen``: ``candidates`` solver samples per set of tests."""
 
     name: str = "solve_testgen"
-    candidates: int = 2
-    max_new_tokens: int = 12
-    tester_max_new_tokens: int = 16
-    temperature: float = 1.0
+    candidates: int = setting(2, ge=1)
+    max_new_tokens: int = setting(12, ge=1)
+    tester_max_new_tokens: int = setting(16, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=5.0))
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 

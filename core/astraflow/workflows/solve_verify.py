@@ -38,7 +38,7 @@ import random
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
-from astraflow.errors import ConfigError
+from astraflow.schema import setting
 from astraflow.types import Generation, Task, Trajectory
 from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
@@ -55,10 +55,10 @@ class SolveVerifyConfig:
     """``workflow=solve_verify``."""
 
     name: str = "solve_verify"
-    max_new_tokens: int = 6
-    temperature: float = 1.0
+    max_new_tokens: int = setting(6, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
     retry: bool = True
-    retry_group: str = "task"
+    retry_group: str = setting("task", choices=("task", "retries"))
     balance_verifier: bool = True
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
@@ -73,13 +73,6 @@ class _Attempt:
 
 class SolveVerifyWorkflow(EnvWorkflow):
     roles = ("solver", "verifier")
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        """A one-line error for a bad setting; the launcher calls it before anything starts."""
-        if config.retry_group not in ("task", "retries"):
-            raise ConfigError(f"workflow.retry_group={config.retry_group!r}: choose task or "
-                              "retries")
 
     @staticmethod
     def warmstart_tasks(tasks: list[Task], seed: int = 0) -> list[Task]:

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
-from astraflow.errors import ConfigError
 from astraflow.sandbox import SandboxConfig
+from astraflow.schema import setting
 from astraflow.types import TOOL, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.tools import calculator, python, sandbox_from
@@ -27,10 +27,10 @@ class ToolUseConfig:
     """``workflow=tool_use``."""
 
     name: str = "tool_use"
-    max_turns: int = 3
-    max_new_tokens: int = 12
-    temperature: float = 1.0
-    tool: str = "calc"
+    max_turns: int = setting(3, ge=1)
+    max_new_tokens: int = setting(12, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
+    tool: str = setting("calc", choices=TOOLS)
     #: limits of ``tool=python``'s runs
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=2.0))
 
@@ -40,15 +40,8 @@ class ToolUseWorkflow(Workflow):
 
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
-        self.check_config(config)
         self.call = re.compile(rf"{config.tool}\(([^()]*)\)$")
         self._sandbox = None
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        """A one-line error for a bad setting; the launcher calls it before anything starts."""
-        if config.tool not in TOOLS:
-            raise ConfigError(f"workflow.tool={config.tool!r}: choose one of {list(TOOLS)}")
 
     async def _tool(self, argument: str) -> str:
         if self.config.tool == "calc":

@@ -256,7 +256,7 @@ def test_the_network_mode_and_layers_in_force_are_told(runs):
     box = sandbox()
     assert box.network_mode == ("namespace" if namespaces_work() else "refuse")
     assert {"rlimits", "nocaps", "audit"} <= set(box.layers)
-    with pytest.raises(ValueError, match="network='vpn'"):
+    with pytest.raises(ValueError, match=r"sandbox\.network=vpn: choose auto or namespace"):
         Sandbox(SandboxConfig(network="vpn"))
-    with pytest.raises(ValueError, match="timeout=0"):
+    with pytest.raises(ValueError, match=r"sandbox\.timeout=0: must be > 0"):
         Sandbox(SandboxConfig(timeout=0))

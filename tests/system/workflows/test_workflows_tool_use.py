@@ -116,5 +116,11 @@ def test_the_python_tool_runs_in_the_sandbox_and_a_hung_call_costs_one_turn(tiny
         (traj,) = asyncio.run(workflow.run(task, {"policy": policy}, 1))
         assert tok.decode(policy.prompts[1]) == f"12*7=python({call})={answer},"
         assert traj.reward == 1.0
-    with pytest.raises(ConfigError, match=r"workflow\.tool='shell'"):
-        ToolUseWorkflow(ToolUseConfig(tool="shell"), tok, ExactMatch())
+
+
+def test_an_unknown_tool_is_refused_as_the_config_is_composed():
+    from astraflow.config import compose_config
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(["workflow=tool_use", "workflow.tool=shell"])
+    assert str(info.value) == "workflow.tool=shell: choose calc or python"
