@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from astraflow.contracts import TaskSource
+from astraflow.schema import setting
 from astraflow.types import Task
 
 
@@ -15,10 +16,19 @@ class ArithmeticConfig:
     """``task=arithmetic``: ``a+b=`` / ``a-b=`` problems over operands ``0..max_operand``."""
 
     name: str = "arithmetic"
-    max_operand: int = 20
-    ops: str = "+-"
-    num_eval: int = 100
-    seed: int = 1234
+    max_operand: int = setting(20, ge=0)
+    ops: str = setting("+-", choices=("+-", "+", "-", "-+"))
+    num_eval: int = setting(100, ge=0)
+    seed: int = setting(1234, ge=0)
+
+    @staticmethod
+    def relations(task) -> list[str]:
+        """Problems are held out for eval, the rest trained on: some must be left."""
+        space = (task.max_operand + 1) ** 2 * len(task.ops)
+        if task.num_eval < space:
+            return []
+        return [f"task.num_eval={task.num_eval}: choose 0..{space - 1} (there are {space} "
+                "problems, and some must be left to train on)"]
 
 
 class ArithmeticTasks(TaskSource):

@@ -110,12 +110,6 @@ class HFDatasetTasks(FileTasks):
         super().__init__(config, prompt_encoder=prompt_encoder)
         self._datasets: dict[Source, Any] = {}
 
-    def _check_config(self) -> None:
-        super()._check_config()
-        cfg = self.config
-        if cfg.eval_split and cfg.eval_size:
-            raise ConfigError("task.eval_split and task.eval_size are both set: give one")
-
     def _eval_origin(self) -> bool:
         return super()._eval_origin() or bool(self.config.eval_split)
 

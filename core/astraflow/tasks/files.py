@@ -27,6 +27,7 @@ from typing import IO, Any, ClassVar, NamedTuple, Protocol
 
 from astraflow.contracts import TaskSource
 from astraflow.errors import ConfigError
+from astraflow.schema import setting
 from astraflow.tasks.rows import (
     RowError,
     answer_text,
@@ -66,16 +67,23 @@ class FileTaskConfig:
     name: str = "jsonl"
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
-    eval_size: int = 0
-    seed: int = 1234
+    eval_size: int = setting(0, ge=0)
+    seed: int = setting(1234, ge=0)
     prompt_key: str = "prompt"
     answer_key: str | None = "answer"
     id_key: str | None = None  # default: <split>-<row index>
     task_type_key: str | None = None
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = setting(None, ge=1, why="null: no limit")
     apply_chat_template: bool | None = None  # None: when the tokenizer has a chat template
     system_prompt: str | None = None
     tokenizer: str | None = None
+
+    @staticmethod
+    def relations(task: Any) -> list[str]:
+        """Held-out rows come from one place."""
+        if task.eval_size and as_list(task.eval_files):
+            return ["task.eval_size and task.eval_files are both set: give one"]
+        return []
 
 
 @dataclass
@@ -94,6 +102,13 @@ class HFDatasetTaskConfig(FileTaskConfig):
     name: str = "hf_dataset"
     split: str = "train"
     eval_split: str | None = None
+
+    @staticmethod
+    def relations(task: Any) -> list[str]:
+        out = FileTaskConfig.relations(task)
+        if task.eval_split and task.eval_size:
+            out.append("task.eval_split and task.eval_size are both set: give one")
+        return out
 
 
 @dataclass
@@ -230,15 +245,10 @@ class FileTasks(TaskSource):
         cfg = self.config
         if not as_list(cfg.train_files):
             raise ConfigError(f"{self._option()} needs task.train_files (paths or globs)")
-        if cfg.eval_size < 0:
-            raise ConfigError(f"task.eval_size={cfg.eval_size} must be 0 or more")
-        if cfg.eval_size and as_list(cfg.eval_files):
-            raise ConfigError("task.eval_size and task.eval_files are both set: give one")
+        if wrong := self.config_cls.relations(cfg):
+            raise ConfigError(wrong[0])
         if not cfg.prompt_key:
             raise ConfigError("task.prompt_key is empty")
-        if cfg.max_prompt_tokens is not None and cfg.max_prompt_tokens <= 0:
-            raise ConfigError(f"task.max_prompt_tokens={cfg.max_prompt_tokens} must be "
-                              "positive (or null for no limit)")
 
     def _eval_origin(self) -> bool:
         """Whether held-out rows come from their own files rather than the training rows."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from astraflow.contracts import TaskSource
 from astraflow.errors import ConfigError
+from astraflow.schema import setting
 from astraflow.types import Task
 
 PREFIX = "def f(x):\n    return "
@@ -31,12 +32,21 @@ class FunctionsConfig:
     at other points; ``num_eval`` functions held out (chosen with ``seed``)."""
 
     name: str = "functions"
-    max_slope: int = 5
-    max_offset: int = 9
-    examples: int = 2
-    num_tests: int = 4
-    num_eval: int = 30
-    seed: int = 1234
+    max_slope: int = setting(5, ge=1)
+    max_offset: int = setting(9, ge=0)
+    examples: int = setting(2, ge=2, why="a line needs two points")
+    num_tests: int = setting(4, ge=1)
+    num_eval: int = setting(30, ge=0)
+    seed: int = setting(1234, ge=0)
+
+    @staticmethod
+    def relations(task) -> list[str]:
+        """Functions are held out for eval, the rest trained on: some must be left."""
+        space = task.max_slope * (2 * task.max_offset + 1)
+        if task.num_eval < space:
+            return []
+        return [f"task.num_eval={task.num_eval}: choose 0..{space - 1} (there are {space} "
+                "functions)"]
 
 
 def expression(a: int, b: int) -> str:
@@ -51,13 +61,10 @@ class FunctionTasks(TaskSource):
     def __init__(self, config: FunctionsConfig | None = None) -> None:
         super().__init__(config or FunctionsConfig())
         cfg = self.config
-        if cfg.examples < 2:
-            raise ConfigError(f"task.examples={cfg.examples}: a line needs two points")
+        if wrong := FunctionsConfig.relations(cfg):
+            raise ConfigError(wrong[0])
         space = [(a, b) for a in range(1, cfg.max_slope + 1)
                  for b in range(-cfg.max_offset, cfg.max_offset + 1)]
-        if not 0 <= cfg.num_eval < len(space):
-            raise ConfigError(f"task.num_eval={cfg.num_eval}: choose 0..{len(space) - 1} "
-                              f"(there are {len(space)} functions)")
         rng = random.Random(cfg.seed)
         rng.shuffle(space)
         self._eval = [self._task(a, b, "eval") for a, b in space[: cfg.num_eval]]
