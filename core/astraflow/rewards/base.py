@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.schema import setting
 from astraflow.types import Task
 
 #: trajectory metadata keys the data layer and the trainer read
@@ -31,8 +32,11 @@ class RewardConfig:
     """Settings every reward option shares."""
 
     name: str = "exact_match"
-    timeout: float = 10.0  # seconds per sample; slower scores the sample as failed
-    max_failure_fraction: float = 0.25
+    #: seconds per sample; slower scores the sample as failed
+    timeout: float = setting(10.0, gt=0)
+    #: the run stops once more of the samples produced than this failed their reward
+    #: (1: never)
+    max_failure_fraction: float = setting(0.25, ge=0, le=1)
 
 
 @dataclass

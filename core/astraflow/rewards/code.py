@@ -32,6 +32,7 @@ from astraflow.contracts import Reward
 from astraflow.errors import ConfigError
 from astraflow.rewards.base import RewardConfig
 from astraflow.sandbox import NETWORK_MODES, Sandbox, SandboxConfig
+from astraflow.schema import setting
 from astraflow.types import Task
 
 #: the last fenced python block: models often show a draft before their final answer
@@ -77,14 +78,23 @@ class CodeRewardConfig(RewardConfig):
     ``run_timeout``, which is what bounds a program."""
 
     name: str = "code"
-    timeout: float = 600.0
-    run_timeout: float = 5.0
-    memory_mb: int = 512
-    concurrency: int = 4
-    max_processes: int = 32
-    max_output_bytes: int = 65536
-    network: str = "auto"
+    timeout: float = setting(600.0, gt=0)
+    run_timeout: float = setting(5.0, gt=0)
+    memory_mb: int = setting(512, ge=1)
+    concurrency: int = setting(4, ge=1)
+    max_processes: int = setting(32, ge=1)
+    max_output_bytes: int = setting(65536, ge=1)
+    network: str = setting("auto", choices=NETWORK_MODES)
     partial_credit: bool = True
+
+    @staticmethod
+    def relations(reward: Any) -> list[str]:
+        """The sandbox's limit bounds a program, below the sample's own."""
+        if reward.run_timeout < reward.timeout:
+            return []
+        return [f"reward.run_timeout={reward.run_timeout} must be below reward.timeout="
+                f"{reward.timeout}: the reward's own timeout would fail every slow sample "
+                "first"]
 
 
 def extract_program(completion: str) -> str:
@@ -113,23 +123,14 @@ class CodeReward(Reward):
         super().__init__(config)
         config = config or CodeRewardConfig()
         self.partial_credit = bool(config.partial_credit)
-        if config.network not in NETWORK_MODES:
-            raise ConfigError(f"reward.network={config.network}: use one of "
-                              f"{', '.join(NETWORK_MODES)}")
-        for name in ("run_timeout", "memory_mb", "concurrency", "max_processes",
-                     "max_output_bytes"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"reward.{name}={getattr(config, name)} must be positive")
-        if config.run_timeout >= config.timeout:
-            raise ConfigError(
-                f"reward.run_timeout={config.run_timeout} must be below reward.timeout="
-                f"{config.timeout}: the reward's own timeout would fail every slow sample first")
+        if wrong := CodeRewardConfig.relations(config):
+            raise ConfigError(wrong[0])
         try:
             self.sandbox = Sandbox(SandboxConfig(
                 timeout=config.run_timeout, memory_mb=config.memory_mb,
                 max_processes=config.max_processes, max_output_bytes=config.max_output_bytes,
                 concurrency=config.concurrency, network=config.network))
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # ValueError: a limit out of its range
             raise ConfigError(f"reward=code: {exc}") from None
 
     async def __call__(self, task: Task, completion: str) -> dict[str, float]:

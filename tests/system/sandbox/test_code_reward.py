@@ -93,5 +93,20 @@ def test_a_task_without_tests_fails_the_sample_saying_why(reward):
 def test_settings_are_checked_when_the_reward_is_built():
     with pytest.raises(ConfigError, match=r"run_timeout=20\.0 must be below reward\.timeout"):
         build(run_timeout=20.0, timeout=10.0)
-    with pytest.raises(ConfigError, match=r"reward\.network=vpn"):
+    with pytest.raises(ConfigError, match=r"reward=code: sandbox\.network=vpn: choose auto"):
         build(network="vpn")
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["reward.network=vpn"], "reward.network=vpn: choose auto or namespace or refuse"),
+    (["reward.memory_mb=0"], "reward.memory_mb=0: must be >= 1"),
+    (["reward.run_timeout=20", "reward.timeout=10"],
+     "reward.run_timeout=20.0 must be below reward.timeout=10.0: the reward's own timeout "
+     "would fail every slow sample first"),
+])
+def test_settings_are_checked_as_the_config_is_composed(overrides, said):
+    from astraflow.config import compose_config
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(["reward=code", *overrides])
+    assert str(info.value) == said
