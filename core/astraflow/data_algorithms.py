@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astraflow.contracts import TrajectoryFilter
+from astraflow.schema import setting
 from astraflow.types import Trajectory
 
 
@@ -13,7 +14,8 @@ class DynamicSamplingConfig:
     """``data=dynamic_sampling``: drop groups whose rewards are all equal."""
 
     name: str = "dynamic_sampling"
-    tolerance: float = 0.0
+    #: rewards closer than this count as equal
+    tolerance: float = setting(0.0, ge=0)
 
 
 class DynamicSampling(TrajectoryFilter):

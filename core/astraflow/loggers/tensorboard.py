@@ -8,6 +8,7 @@ from typing import Any
 
 from astraflow.contracts import MetricLogger
 from astraflow.loggers.base import points
+from astraflow.schema import setting
 
 
 @dataclass
@@ -17,7 +18,7 @@ class TensorBoardConfig:
     #: relative to the run directory, or absolute
     dir: str = "tensorboard"
     #: seconds between flushes to disk
-    flush_seconds: float = 10.0
+    flush_seconds: float = setting(10.0, gt=0)
 
 
 def _summary_writer() -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from astraflow.contracts import MetricLogger
 from astraflow.errors import ConfigError
 from astraflow.loggers.base import need, points
+from astraflow.schema import setting
 
 MODES = ("offline", "online", "disabled")
 
@@ -24,7 +25,7 @@ class WandbConfig:
     #: the W&B run's name; null: the run directory's name
     name: str | None = None
     #: offline (files only) | online (needs WANDB_API_KEY) | disabled
-    mode: str = "offline"
+    mode: str = setting("offline", choices=MODES)
     tags: list[str] = field(default_factory=list)
     #: where W&B writes its files; null: the run directory (RUN_DIR/wandb)
     dir: str | None = None
@@ -34,9 +35,6 @@ class WandbLogger(MetricLogger):
     @classmethod
     def check_config(cls, config: Any) -> None:
         need("wandb", "logger=wandb", "wandb")
-        if config.mode not in MODES:
-            raise ConfigError(f"logger.wandb.mode={config.mode!r}: choose one of "
-                              f"{', '.join(MODES)}")
         if config.mode == "online" and not os.environ.get("WANDB_API_KEY"):
             raise ConfigError("logger.wandb.mode=online needs WANDB_API_KEY set (or run "
                               "offline, the default, and `wandb sync` later)")

@@ -4,8 +4,13 @@ Importing this module is cheap: the implementation is imported only when selecte
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from astraflow import hookimpl
+from astraflow.config import setting
+
+#: how replayed trajectories are chosen
+SELECTIONS = ("latest", "uniform", "reward")
 
 
 @dataclass
@@ -20,10 +25,18 @@ class ReplayConfig:
     """
 
     name: str = "replay"
-    replay_ratio: float = 0.25
-    selection: str = "uniform"
-    max_staleness: int | None = None
-    seed: int = 0
+    replay_ratio: float = setting(0.25, ge=0)  # below 1 (relations)
+    selection: str = setting("uniform", choices=SELECTIONS)
+    max_staleness: int | None = setting(None, ge=0)
+    seed: int = setting(0, ge=0)
+
+    @staticmethod
+    def relations(replay: Any) -> list[str]:
+        """A bound a setting cannot declare: below 1, not at it."""
+        if replay.replay_ratio < 1:
+            return []
+        return [f"data.replay.replay_ratio={replay.replay_ratio}: must be < 1 (a batch "
+                "needs at least one fresh trajectory)"]
 
 
 @hookimpl

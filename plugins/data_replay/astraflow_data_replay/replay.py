@@ -13,8 +13,7 @@ from typing import Any
 from astraflow.contracts import BatchSampler
 from astraflow.errors import ConfigError
 from astraflow.types import Trajectory
-
-SELECTIONS = ("latest", "uniform", "reward")
+from astraflow_data_replay import SELECTIONS
 
 
 class Replay(BatchSampler):
