@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +33,9 @@ from astraflow.launch.report import write_report
 from astraflow.loggers.base import Loggers, check_loggers
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token
+
+#: lines of nanobind's report of leaked objects, printed as an interpreter exits
+EXIT_NOISE = re.compile(r"nanobind: |See https://nanobind\.| - leaked | - \.\.\. skipped ")
 
 
 @dataclass
@@ -58,11 +62,15 @@ class Child:
         return self.ready_file.exists()
 
     def log_tail(self, lines: int = 15) -> str:
+        """The last ``lines`` of the component's log that say something: the report of
+        objects a compiled extension leaked, which an interpreter importing torch prints
+        as it exits (nanobind's, for triton), would hide the error above it."""
         try:
             text = self.log.read_text(errors="replace").rstrip().splitlines()
         except OSError:
             return ""
-        return "\n".join(f"  | {line}" for line in text[-lines:])
+        said = [line for line in text if not EXIT_NOISE.match(line)]
+        return "\n".join(f"  | {line}" for line in said[-lines:])
 
 
 @dataclass
