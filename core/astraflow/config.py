@@ -191,7 +191,11 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
                 problems = check_values(sub, entry.config_cls, prefix)
                 wrong += problems or check_relations(sub, entry.config_cls)
     launcher = cfg.get("launcher")
-    if launcher is not None and (schema := LAUNCHERS.get(launcher.get("kind"))):
+    if launcher is not None and launcher.get("kind") not in LAUNCHERS:
+        wrong.append(f"launcher.kind={launcher.get('kind')}: choose "
+                     + " or ".join(LAUNCHERS))
+    elif launcher is not None:
+        schema = LAUNCHERS[launcher.kind]
         unknown += _unknown_keys(launcher, schema, "launcher.")
         problems = check_values(launcher, schema, "launcher.")
         wrong += problems or check_relations(launcher, schema)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig
 
 
 def setting(default: Any = dataclasses.MISSING, *, ge: float | None = None,
-            gt: float | None = None, le: float | None = None,
+            gt: float | None = None, le: float | None = None, lt: float | None = None,
             choices: tuple[Any, ...] | None = None, why: str | None = None,
             **kwargs: Any) -> Any:
     """A config dataclass field with the values it accepts, checked when the config is
@@ -25,8 +25,8 @@ def setting(default: Any = dataclasses.MISSING, *, ge: float | None = None,
     always accepted where the field's type allows it; a list's items are checked one by
     one; ``why`` ends the message of a value refused (what the setting means);
     ``kwargs`` go to :func:`dataclasses.field` (``default_factory``)."""
-    limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("choices", choices),
-                                ("why", why)) if v is not None}
+    limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt),
+                                ("choices", choices), ("why", why)) if v is not None}
     if default is not dataclasses.MISSING:
         kwargs["default"] = default
     return field(metadata={"astraflow": limits}, **kwargs)
@@ -52,7 +52,8 @@ def _bare_problem(value: Any, limits: dict[str, Any]) -> str | None:
     if isinstance(value, list | tuple | ListConfig):
         return next((p for item in value if (p := _bare_problem(item, limits))), None)
     if "choices" in limits and value not in limits["choices"]:
-        return "choose " + " or ".join(str(c) for c in limits["choices"])
+        *rest, last = (str(c) for c in limits["choices"])
+        return "choose " + (f"{', '.join(rest)} or {last}" if rest else last)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if "ge" in limits and not value >= limits["ge"]:
@@ -61,6 +62,8 @@ def _bare_problem(value: Any, limits: dict[str, Any]) -> str | None:
         return f"must be > {limits['gt']:g}"
     if "le" in limits and not value <= limits["le"]:
         return f"must be <= {limits['le']:g}"
+    if "lt" in limits and not value < limits["lt"]:
+        return f"must be < {limits['lt']:g}"
     return None
 
 
@@ -177,7 +180,7 @@ class DataflowConfig:
 class AstraFlowConfig:
     """The root schema: unknown top-level keys are errors."""
 
-    seed: int = 0
+    seed: int = setting(0, ge=0)
     mode: str = setting("async", choices=("async", "sync"))  # sync: the trainer-centred baseline
     run_dir: str | None = None
     # the default run: 600 steps of 32 prompts x 8 samples (lr 3e-4, cosine decay) lift

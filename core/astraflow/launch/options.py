@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from astraflow.schema import _unknown_keys, check_values, setting
 
@@ -49,7 +49,9 @@ class PlacementConfig:
 
     num_cpus: float = setting(0.0, ge=0)
     num_gpus: float = setting(0.0, ge=0)
-    resources: dict[str, float] = field(default_factory=dict)
+    #: ``{name: amount}``; checked by :meth:`RayLauncherConfig.relations` (untyped: a map
+    #: given whole on the command line replaces it, which a typed map would refuse)
+    resources: Any = None
 
 
 @dataclass
@@ -70,7 +72,7 @@ class RayLauncherConfig:
     #: machine
     address: str | None = None
     #: custom resources of the cluster started when address is null
-    local_resources: dict[str, float] = field(default_factory=dict)
+    local_resources: Any = None
     #: where components keep their files on the machines they run on (the data layer's
     #: store, the trainer's checkpoints, downloaded weights), one directory per run under
     #: it; null: the machine's temp dir. Point it at storage that outlives a machine to
@@ -100,13 +102,16 @@ class RayLauncherConfig:
     @staticmethod
     def relations(launcher: Any) -> list[str]:
         """Each pool of ``pools`` against :class:`PoolConfig`."""
+        out = [problem for key in ("local_resources", "trainer.resources",
+                                   "evaluator.resources", "dataflow.resources")
+               if (problem := _resources_problem(f"launcher.{key}",
+                                                 OmegaConf.select(launcher, key)))]
         pools = launcher.get("pools")
         if pools is None:
-            return []
+            return out
         if not isinstance(pools, DictConfig):
-            return [f"launcher.pools={pools}: a map of pool name to its settings "
+            return [*out, f"launcher.pools={pools}: a map of pool name to its settings "
                     f"({', '.join(f.name for f in dataclasses.fields(PoolConfig))})"]
-        out = []
         for name, pool in pools.items():
             where = f"launcher.pools.{name}"
             if not isinstance(pool, DictConfig):
@@ -118,7 +123,20 @@ class RayLauncherConfig:
                 out.append(f"{key} is not a setting; a pool has: {', '.join(names)}"
                            + (f" (did you mean {near[0]}?)" if near else ""))
             out += check_values(pool, PoolConfig, f"{where}.")
+            if problem := _resources_problem(f"{where}.resources", pool.get("resources")):
+                out.append(problem)
         return out
+
+
+def _resources_problem(key: str, value: Any) -> str | None:
+    """A Ray resources map is ``{name: amount >= 0}`` (or unset)."""
+    if value is None:
+        return None
+    if not isinstance(value, DictConfig) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+            for v in value.values()):
+        return f"{key}={value}: a map of resource name to an amount >= 0, e.g. {{region_eu: 1}}"
+    return None
 
 
 #: ``launcher=NAME`` -> its settings

@@ -37,7 +37,7 @@ class LoraOptions:
 
     rank: int = setting(0, ge=0, why="0: no adapters")
     alpha: float = setting(32.0, gt=0)
-    dropout: float = setting(0.0, ge=0)  # below 1 (PolicyGradientOptions.relations)
+    dropout: float = setting(0.0, ge=0, lt=1)
     target_modules: Any = ALL_LINEAR
     lr_ratio: float = setting(1.0, gt=0, why="1: plain LoRA")
     merge_final: bool = False
@@ -105,8 +105,8 @@ class PolicyGradientOptions:
     name: str = ""
     lr: float = setting(3e-4, gt=0)
     weight_decay: float = setting(0.0, ge=0)
-    beta1: float = setting(0.9, ge=0)  # below 1 (relations)
-    beta2: float = setting(0.999, ge=0)  # below 1 (relations)
+    beta1: float = setting(0.9, ge=0, lt=1)
+    beta2: float = setting(0.999, ge=0, lt=1)
     adam_eps: float = setting(1e-8, gt=0)
     micro_batch_size: int = setting(64, ge=1)
     dtype: str = setting("float32", choices=DTYPE_NAMES)
@@ -133,16 +133,13 @@ class PolicyGradientOptions:
 
     @staticmethod
     def relations(trainer: Any) -> list[str]:
-        """Bounds a setting cannot declare (below 1, not at it), and a layout of ranks
-        that cannot be: ``world_size`` is tensor x pipeline x data parallel ranks."""
-        out = [f"trainer.{key}={value}: must be < 1" for key, value in (
-            ("beta1", trainer.beta1), ("beta2", trainer.beta2),
-            ("lora.dropout", trainer.lora.dropout)) if not value < 1]
+        """A layout of ranks that cannot be: ``world_size`` is tensor x pipeline x data
+        parallel ranks."""
         try:
             parallel_sizes(trainer)
         except ValueError as exc:
-            out.append(str(exc))
-        return out
+            return [str(exc)]
+        return []
 
 
 def lr_at(options: PolicyGradientOptions, step: int) -> float:

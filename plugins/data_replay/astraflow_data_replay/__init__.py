@@ -4,7 +4,6 @@ Importing this module is cheap: the implementation is imported only when selecte
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from astraflow import hookimpl
 from astraflow.config import setting
@@ -25,18 +24,11 @@ class ReplayConfig:
     """
 
     name: str = "replay"
-    replay_ratio: float = setting(0.25, ge=0)  # below 1 (relations)
+    replay_ratio: float = setting(0.25, ge=0, lt=1,
+                                  why="a batch needs at least one fresh trajectory")
     selection: str = setting("uniform", choices=SELECTIONS)
     max_staleness: int | None = setting(None, ge=0)
     seed: int = setting(0, ge=0)
-
-    @staticmethod
-    def relations(replay: Any) -> list[str]:
-        """A bound a setting cannot declare: below 1, not at it."""
-        if replay.replay_ratio < 1:
-            return []
-        return [f"data.replay.replay_ratio={replay.replay_ratio}: must be < 1 (a batch "
-                "needs at least one fresh trajectory)"]
 
 
 @hookimpl

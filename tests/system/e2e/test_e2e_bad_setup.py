@@ -150,6 +150,8 @@ def test_a_mistyped_setting_in_a_section_names_the_nearest(tmp_path):
      "launcher.pools.a.nodez is not a setting; a pool has: nodes, num_cpus, num_gpus, "
      "resources (did you mean nodes?)"),
     ("launcher.pools={a: {nodes: -2}}", "launcher.pools.a.nodes=-2: must be >= 0"),
+    ("launcher.trainer.resources={region_eu: -1}", "launcher.trainer.resources={'region_eu': "
+     "-1}: a map of resource name to an amount >= 0, e.g. {region_eu: 1}"),
     # a trainer's ranks take a GPU each
     (("launcher.trainer.num_gpus=1", "trainer.world_size=4"),
      "launcher.trainer.num_gpus=1 but trainer.world_size=4: each rank of the trainer "
@@ -173,7 +175,7 @@ def test_a_mistyped_launcher_setting_is_named(tmp_path, override, said):
     (["+trainer=megatron", "trainer.lora.rank=16"],
      "trainer=megatron trains whole models only; train LoRA adapters with trainer=hf"),
     (["trainer.lora.rank=16", "raas=sim"], "raas=sim cannot serve LoRA adapters"),
-    (["trainer.lora.rank=16", "trainer.lora.alpha=0"], "trainer.lora.alpha=0.0 must be > 0"),
+    (["trainer.lora.rank=16", "trainer.lora.alpha=0"], "trainer.lora.alpha=0.0: must be > 0"),
 ])
 def test_a_trainer_layout_that_cannot_be_is_refused_before_anything_starts(tmp_path,
                                                                            overrides, said):
@@ -207,7 +209,7 @@ def test_a_component_started_alone_with_a_wrong_config_path(tmp_path, component)
 
 def test_a_mistyped_environment_latency_is_refused_before_anything_starts(tmp_path):
     line = refused(launch(tmp_path, "workflow.latency.kind=lognormla"), tmp_path)
-    assert line == ("astraflow: error: workflow.latency.kind='lognormla'; choose none, "
+    assert line == ("astraflow: error: workflow.latency.kind=lognormla: choose none, "
                     "fixed or lognormal")
 
 
@@ -258,6 +260,7 @@ def test_a_data_layer_port_out_of_range(tmp_path, tiny_model_dir):
      "autoscale_cooldown, autoscale_interval, kind, max_restarts, node_throttle, preload, "
      "preload_modules, progress (did you mean max_restarts?)"),
     ("+stepz=5", "stepz is not a setting; did you mean steps?"),
+    ("launcher.kind=bogus", "launcher.kind=bogus: choose local or ray"),
     ("launcher.node_throttle=[1.0,1.5]", "launcher.node_throttle=[1.0, 1.5]: must be <= 1"),
     ("batch_size=12", "batch_size=12: a batch is whole groups of group_size=8 samples; make "
      "it a multiple of 8"),

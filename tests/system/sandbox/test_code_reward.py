@@ -98,7 +98,7 @@ def test_settings_are_checked_when_the_reward_is_built():
 
 
 @pytest.mark.parametrize(("overrides", "said"), [
-    (["reward.network=vpn"], "reward.network=vpn: choose auto or namespace or refuse"),
+    (["reward.network=vpn"], "reward.network=vpn: choose auto, namespace or refuse"),
     (["reward.memory_mb=0"], "reward.memory_mb=0: must be >= 1"),
     (["reward.run_timeout=20", "reward.timeout=10"],
      "reward.run_timeout=20.0 must be below reward.timeout=10.0: the reward's own timeout "

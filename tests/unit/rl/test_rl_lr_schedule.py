@@ -46,4 +46,4 @@ def test_the_launcher_refuses_an_unknown_schedule_before_starting_anything():
 
     with pytest.raises(ConfigError) as info:
         compose_config(["trainer.lr_schedule=cosnie"])
-    assert str(info.value) == "trainer.lr_schedule=cosnie: choose constant or linear or cosine"
+    assert str(info.value) == "trainer.lr_schedule=cosnie: choose constant, linear or cosine"

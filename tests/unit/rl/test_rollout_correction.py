@@ -109,7 +109,7 @@ def test_an_unknown_correction_is_refused_by_the_loss():
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("trainer.rollout_correction=xyz", "trainer.rollout_correction=xyz: choose none or tis or mis"),
+    ("trainer.rollout_correction=xyz", "trainer.rollout_correction=xyz: choose none, tis or mis"),
     ("trainer.rollout_correction_cap=1", "trainer.rollout_correction_cap=1.0: must be > 1"),
     ("trainer.rollout_correction_cap=0.5", "trainer.rollout_correction_cap=0.5: must be > 1"),
 ])

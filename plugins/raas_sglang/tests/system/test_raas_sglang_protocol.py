@@ -295,7 +295,7 @@ def test_an_unknown_pause_mode_is_a_config_error():
 
     with pytest.raises(ConfigError) as info:
         compose_config(["raas=sglang", "raas.pause_mode=drain"])
-    assert str(info.value) == "raas.pause_mode=drain: choose abort or retract or in_place"
+    assert str(info.value) == "raas.pause_mode=drain: choose abort, retract or in_place"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
