@@ -7,6 +7,7 @@ about: nothing of the program is left running, and the next program runs fine.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import astraflow.sandbox
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.testing import wait_until
 
@@ -97,6 +99,20 @@ def test_the_program_sees_none_of_the_callers_environment(runs, monkeypatch):
     result = sandbox().run_sync("import os, sys\nprint(dict(os.environ), sys.path)")
     assert result.ok
     assert "s3cret-token" not in result.stdout and "/nowhere" not in result.stdout
+
+
+def test_the_child_imports_no_astraflow_module(runs):
+    """The child runs by its file's path under ``python -I`` and imports the standard
+    library only: the program starts with no astraflow module loaded, and the sandbox
+    package's directory is not on its path."""
+    code = ("import json, sys\n"
+            "print(json.dumps([[m for m in sys.modules if m.partition('.')[0] == 'astraflow'],"
+            " sys.path]))")
+    result = sandbox().run_sync(code)
+    assert result.ok, result.stderr
+    modules, path = json.loads(result.stdout)
+    assert modules == []
+    assert str(Path(astraflow.sandbox.__file__).parent) not in path
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -256,7 +272,7 @@ def test_the_network_mode_and_layers_in_force_are_told(runs):
     box = sandbox()
     assert box.network_mode == ("namespace" if namespaces_work() else "refuse")
     assert {"rlimits", "nocaps", "audit"} <= set(box.layers)
-    with pytest.raises(ValueError, match=r"sandbox\.network=vpn: choose auto or namespace"):
+    with pytest.raises(ValueError, match=r"sandbox\.network=vpn: choose auto, namespace or refuse"):
         Sandbox(SandboxConfig(network="vpn"))
     with pytest.raises(ValueError, match=r"sandbox\.timeout=0: must be > 0"):
         Sandbox(SandboxConfig(timeout=0))
