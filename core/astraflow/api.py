@@ -35,11 +35,11 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "astraflow_register_task_selectors", "astraflow_register_trajectory_filters",
         "astraflow_register_batch_samplers", "astraflow_register_workflows",
         "astraflow_register_tasks", "astraflow_register_rewards",
-        "astraflow_register_loggers"),
+        "astraflow_register_loggers", "astraflow_register_advantage_estimators"),
     "astraflow.contracts": (
-        "BatchSampler", "DataAlgorithm", "MetricLogger", "PolicyHandle", "Reward",
-        "RolloutBackend", "TaskSelector", "TaskSource", "Tokenizer", "TrainerBackend",
-        "TrajectoryFilter", "Workflow"),
+        "AdvantageEstimator", "BatchSampler", "DataAlgorithm", "MetricLogger",
+        "PolicyHandle", "Reward", "RolloutBackend", "TaskSelector", "TaskSource", "Tokenizer",
+        "TrainerBackend", "TrajectoryFilter", "Workflow"),
     "astraflow.types": ("PROMPT", "TOOL", "Task", "Span", "Trajectory", "TrainItem", "Batch",
                         "GenerationRequest", "Generation"),
     "astraflow.errors": ("AstraFlowError", "ConfigError"),
@@ -59,7 +59,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "astraflow.testing.contracts": (
         "TaskSourceContract", "RewardContract", "TrajectoryFilterContract",
         "TaskSelectorContract", "BatchSamplerContract", "WorkflowContract",
-        "LoggerContract"),
+        "LoggerContract", "AdvantageEstimatorContract"),
     "astraflow.testing.rollout": ("RolloutBackendContract",),
     "astraflow.testing.trainer": ("TrainerBackendContract",),
 }

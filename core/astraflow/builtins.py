@@ -83,6 +83,17 @@ LOGGERS = [
      "MLflow, a local store in the run directory by default "
      "(pip install 'astraflow[mlflow]')."),
 ]
+#: selected per policy (policies.<name>.advantage), no config group
+ADVANTAGE_ESTIMATORS = [
+    ("grpo", "astraflow.rl.advantages:GRPO", None,
+     "(r - mean) / (std + eps) over each group (the default)."),
+    ("dr_grpo", "astraflow.rl.advantages:DrGRPO", None,
+     "r - mean over each group: GRPO without the division by the std (Dr. GRPO)."),
+    ("rloo", "astraflow.rl.advantages:RLOO", None,
+     "r_i - mean of the group's other rewards (leave-one-out baseline)."),
+    ("reinforce_pp", "astraflow.rl.advantages:ReinforcePlusPlus", None,
+     "REINFORCE++ with baseline: r - group mean, normalised over each served batch."),
+]
 
 
 def _register_all(register, table) -> None:
@@ -113,3 +124,8 @@ def astraflow_register_workflows(register):
 @hookimpl
 def astraflow_register_loggers(register):
     _register_all(register, LOGGERS)
+
+
+@hookimpl
+def astraflow_register_advantage_estimators(register):
+    _register_all(register, ADVANTAGE_ESTIMATORS)

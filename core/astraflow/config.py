@@ -190,6 +190,7 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
                 unknown += _unknown_keys(sub, entry.config_cls, prefix)
                 problems = check_values(sub, entry.config_cls, prefix)
                 wrong += problems or check_relations(sub, entry.config_cls)
+    wrong += _unknown_estimators(cfg, registry)
     launcher = cfg.get("launcher")
     if launcher is not None and launcher.get("kind") not in LAUNCHERS:
         wrong.append(f"launcher.kind={launcher.get('kind')}: choose "
@@ -203,6 +204,18 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
         raise ConfigError("; ".join(unknown_key_message(cfg, key) for key in unknown))
     if wrong:
         raise ConfigError("; ".join(wrong))
+
+
+def _unknown_estimators(cfg: DictConfig, registry: Registry) -> list[str]:
+    """A policy's ``advantage`` that no installed plugin registers, as the line that
+    names the installed estimators and the ``pip install`` that adds it."""
+    out = []
+    for policy, settings in (cfg.get("policies") or {}).items():
+        name = settings.get("advantage") if isinstance(settings, DictConfig) else None
+        if name is not None and name not in registry.entries["advantage_estimator"]:
+            out.append(missing_option_message(registry, "advantage_estimator", str(name),
+                                              key=f"policies.{policy}.advantage"))
+    return out
 
 
 def unknown_key_message(cfg: DictConfig, key: str) -> str:

@@ -113,3 +113,15 @@ def astraflow_register_loggers(register):
     look (TensorBoard files, Weights & Biases, MLflow, ...).
     Contract: :class:`astraflow.contracts.MetricLogger`.
     """
+
+
+@hookspec
+def astraflow_register_advantage_estimators(register):
+    """Register advantage estimators (no config group: each policy selects one with
+    ``policies.<name>.advantage=NAME``; the default is ``grpo``).
+
+    An advantage estimator turns the rewards of a group into one advantage per sample at
+    intake and may normalise a served batch's advantages (REINFORCE++). The factory is
+    called with an instance of ``config_cls`` at its defaults, or None.
+    Contract: :class:`astraflow.contracts.AdvantageEstimator`.
+    """

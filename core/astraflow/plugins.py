@@ -48,6 +48,12 @@ KINDS: dict[str, tuple[str, str | None, str]] = {
     "task": ("astraflow_register_tasks", "task", "astraflow-plugin-"),
     "reward": ("astraflow_register_rewards", "reward", "astraflow-plugin-"),
     "logger": ("astraflow_register_loggers", "logger", "astraflow-plugin-logger-"),
+    # no config group: each policy selects one (policies.<name>.advantage)
+    "advantage_estimator": (
+        "astraflow_register_advantage_estimators",
+        None,
+        "astraflow-plugin-advantage-",
+    ),
 }
 #: groups of which a run may select several options (``data=[greso,replay]``): each
 #: selected option's settings sit under ``GROUP.NAME``
@@ -167,19 +173,24 @@ class Registry:
             raise UnknownOptionError(missing_option_message(self, kind, name)) from None
 
 
-def missing_option_message(registry: Registry, kind: str, name: str) -> str:
+def missing_option_message(registry: Registry, kind: str, name: str,
+                           key: str | None = None) -> str:
+    """``name`` is no installed option of ``kind``, in one line naming the installed
+    ones, the nearest of them and the ``pip install`` that adds it. ``key``: the setting
+    that selects it, for a kind without a config group (``policies.policy.advantage``)."""
     group = KINDS[kind][1]
     installed = ", ".join(
         sorted(registry.group_options(group) if group else registry.entries[kind])
     )
-    label = f"{group}={name}" if group else f"{kind} {name!r}"
+    selector = group or key
+    label = f"{selector}={name}" if selector else f"{kind} {name!r}"
     dist = KINDS[kind][2] + name.replace("_", "-")
     import difflib
 
     near = difflib.get_close_matches(name, installed.split(", "), n=1, cutoff=0.75)
     return (
         f"{label} is not installed. Installed options: {installed or '(none)'}. "
-        + (f"Did you mean {group or kind}={near[0]}? " if near else "")
+        + (f"Did you mean {selector or kind}={near[0]}? " if near else "")
         + f"To add it: pip install {dist}"
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sqlite3
 import time
 import uuid
@@ -26,6 +27,7 @@ from astraflow.dataflow.records import (
 )
 from astraflow.dataflow.store import CONSUMED, SERVED
 from astraflow.dataflow.wire import unpack_trajectory
+from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.types import Trajectory
 
 #: unacknowledged batches one trainer may hold: the one it trains on and the next,
@@ -146,9 +148,36 @@ class BatchesMixin:
             await self._wait(arrival, remaining)
 
     async def _batch_payloads(self, rec: BatchRec) -> dict[int, bytes]:
+        """The payloads of a batch served before, with the advantages it was served
+        with: a batch served again is the same batch."""
         pool = self.replayable[rec.policy]
-        return self._read_payloads([self.in_batches[i] for i in rec.items]
-                                   + [pool[i] for i in rec.replay if i in pool])
+        payloads = self._read_payloads([self.in_batches[i] for i in rec.items]
+                                       + [pool[i] for i in rec.replay if i in pool])
+        if rec.advantages is None:
+            return payloads
+        return _stamped({i: msgpack.unpackb(raw) for i, raw in payloads.items()},
+                        rec.advantages)
+
+    def _batch_stage(self, rec: BatchRec, payloads: dict[int, bytes]) -> dict[int, bytes]:
+        """The payloads of a batch being served, through its policy's estimator's batch
+        stage (REINFORCE++'s normalisation over the batch) when it has one: the result is
+        recorded in ``rec.advantages`` (and the store), for a batch served again. The
+        stored payloads keep the advantages of the group stage, which a replayed
+        sample brings to the next batch it is served in."""
+        if not self.batch_stages[rec.policy]:
+            return payloads
+        ids = rec.items + rec.replay
+        data = {i: msgpack.unpackb(payloads[i]) for i in ids}
+        failed = [bool((data[i].get("metadata") or {}).get(REWARD_FAILED)) for i in ids]
+        out = self.estimators[rec.policy].batch_advantages(
+            [float(data[i]["advantage"]) for i in ids], failed=failed)
+        if len(out) != len(ids) or not all(map(math.isfinite, out)):
+            raise ServiceError(500, (
+                f"the advantage estimator of policy {rec.policy!r} "
+                f"({self.settings.advantage(rec.policy)}) returned {len(out)} advantages "
+                f"for a batch of {len(ids)}: one finite number per sample expected"))
+        rec.advantages = {i: float(a) for i, a in zip(ids, out, strict=True)}
+        return _stamped(data, rec.advantages)
 
     async def _serve(self, policy: str, trainer_id: str, version: int, ids: list[int],
                      replay: list[int]) -> tuple[BatchRec, dict[int, bytes]]:
@@ -159,11 +188,12 @@ class BatchesMixin:
         self.batches[rec.batch_id] = rec
 
         def job(conn: sqlite3.Connection) -> None:
+            advantages = None if rec.advantages is None else json.dumps(rec.advantages)
             conn.execute(
                 "INSERT INTO batches(batch_id, policy, trainer_id, state, trainer_version, "
-                "replay, created_at) VALUES (?, ?, ?, 'served', ?, ?, ?)",
+                "replay, created_at, advantages) VALUES (?, ?, ?, 'served', ?, ?, ?, ?)",
                 (rec.batch_id, policy, trainer_id, rec.trainer_version, json.dumps(replay),
-                 rec.created_at),
+                 rec.created_at, advantages),
             )
             conn.execute(
                 "UPDATE items SET state = ?, batch_id = ? "
@@ -172,7 +202,8 @@ class BatchesMixin:
             )
 
         try:
-            payloads = self._read_payloads(taken + [self.replayable[policy][i] for i in replay])
+            payloads = self._batch_stage(rec, self._read_payloads(
+                taken + [self.replayable[policy][i] for i in replay]))
             await self.store.run(job)
         except Exception:
             self._release(rec)
@@ -238,3 +269,9 @@ class BatchesMixin:
         self._pulse_changed()
         return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items),
                 "ledger": self.ledger(policy)}
+
+
+def _stamped(data: dict[int, dict[str, Any]], advantages: dict[int, float]
+             ) -> dict[int, bytes]:
+    """Decoded payloads packed again, each with its advantage from ``advantages``."""
+    return {i: msgpack.packb({**d, "advantage": advantages[i]}) for i, d in data.items()}

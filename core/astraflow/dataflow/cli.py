@@ -18,6 +18,13 @@ def _policy(text: str) -> tuple[str, int]:
     return name, int(staleness)
 
 
+def _advantage(text: str) -> tuple[str, str]:
+    name, _, estimator = text.partition("=")
+    if not name or not estimator:
+        raise argparse.ArgumentTypeError(f"expected NAME=ESTIMATOR, got {text!r}")
+    return name, estimator
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="astraflow dataflow",
@@ -34,6 +41,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", help="a resolved run config (YAML) to take settings from")
     parser.add_argument("--policy", action="append", type=_policy, metavar="NAME=STALENESS",
                         help="a policy and its max_staleness (repeatable; default policy=2)")
+    parser.add_argument("--advantage", action="append", type=_advantage,
+                        metavar="NAME=ESTIMATOR",
+                        help="a policy's advantage estimator (repeatable; default grpo)")
     parser.add_argument("--task", help="task source option (e.g. arithmetic); default: HTTP only")
     parser.add_argument("--group-size", type=int)
     parser.add_argument("--batch-size", type=int)
@@ -68,6 +78,9 @@ def main(argv: list[str]) -> int:
     for key, value in overrides.items():
         if value is not None:
             setattr(settings, key, value)
+    # each policy keeps the estimator its config names, unless --advantage names another
+    settings.advantages = {**{p: a for p, a in settings.advantages.items()
+                              if p in settings.policies}, **dict(args.advantage or ())}
     settings.__post_init__()
     token = os.environ.get(TOKEN_ENV)
     if not token:

@@ -8,6 +8,7 @@ writes is set up there.
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
 from collections import Counter
@@ -30,7 +31,6 @@ from astraflow.dataflow.wire import (
 )
 from astraflow.rewards.base import ERROR as REWARD_ERROR
 from astraflow.rewards.base import FAILED as REWARD_FAILED
-from astraflow.rl.advantages import group_advantages
 from astraflow.types import Task, Trajectory
 
 
@@ -96,6 +96,23 @@ class IntakeMixin:
             if exc.status != 404:
                 raise
             return {"leases": [], "backpressure": {"*": str(exc)}}
+
+    def _group_stage(self, policy: str, members: list[CheckedTrajectory], rewards: list[float],
+                     failed: list[bool]) -> list[float]:
+        """One advantage per member of a group, from the policy's estimator's group
+        stage (``policies.<name>.advantage``); an agent's segments name their rollout."""
+        rollouts = [ct.metadata.get("rollout") for ct in members]
+        advantages = self.estimators[policy].group_advantages(
+            rewards, failed=failed,
+            rollouts=rollouts if any(r is not None for r in rollouts) else None,
+            rollout_rewards=[float(ct.metadata.get("rollout_reward", ct.reward))
+                             for ct in members])
+        if len(advantages) != len(members) or not all(map(math.isfinite, advantages)):
+            raise ServiceError(500, (
+                f"the advantage estimator of policy {policy!r} "
+                f"({self.settings.advantage(policy)}) returned {advantages!r} for a group "
+                f"of {len(members)}: one finite number per sample expected"))
+        return [float(a) for a in advantages]
 
     async def _accept(self, req: SubmitIn) -> dict[str, Any]:
         checked = check_trajectories(req.trajectories)
@@ -169,12 +186,7 @@ class IntakeMixin:
                 dropped += len(members)
                 continue
             meta = {**stamp, "group_size": len(members)}
-            rollouts = [ct.metadata.get("rollout") for ct in members]
-            advantages = group_advantages(
-                rewards, failed=failed,
-                rollouts=rollouts if any(r is not None for r in rollouts) else None,
-                rollout_rewards=[float(ct.metadata.get("rollout_reward", ct.reward))
-                                 for ct in members])
+            advantages = self._group_stage(policy, members, rewards, failed)
             for ct, advantage in zip(members, advantages, strict=True):
                 if ct.min_version < 0:  # no trained token
                     # a rollout that sampled nothing (an agent that failed before its

@@ -87,6 +87,10 @@ class BatchRec:
     replay: list[int]
     trainer_version: int
     created_at: float
+    #: item id -> the advantage served, when the policy's estimator has a batch stage
+    #: (None: the ones stamped at intake); recorded so that a batch served again
+    #: carries the same ones
+    advantages: dict[int, float] | None = None
 
 
 def log_failure(future: asyncio.Future) -> None:

@@ -20,7 +20,14 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 
-from astraflow.contracts import BatchSampler, DataAlgorithm, TaskSelector, TrajectoryFilter
+from astraflow.contracts import (
+    AdvantageEstimator,
+    BatchSampler,
+    DataAlgorithm,
+    TaskSelector,
+    TrajectoryFilter,
+)
+from astraflow.contracts.advantage import has_batch_stage
 from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.batches import BatchesMixin
 from astraflow.dataflow.intake import IntakeMixin
@@ -78,6 +85,10 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
                 "select one of them"
             )
         self.sampler: BatchSampler | None = self.algorithms[samplers[0]] if samplers else None
+        #: per policy, its advantage estimator, and whether it has a batch stage
+        self.estimators = {p: _estimator(registry, p, settings.advantage(p))
+                           for p in self.policies}
+        self.batch_stages = {p: has_batch_stage(e) for p, e in self.estimators.items()}
 
         self.store = Store(settings.store_path, settings.synchronous)
         self.counters: Counter = Counter()
@@ -184,9 +195,10 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
                 self.in_batches[item_id] = rec
             else:
                 self.replayable[policy][item_id] = rec
-        for batch_id, policy, trainer_id, state, version, replay, created in conn.execute(
-            "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at "
-            "FROM batches ORDER BY rowid"
+        for (batch_id, policy, trainer_id, state, version, replay, created,
+             advantages) in conn.execute(
+            "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at, "
+            "advantages FROM batches ORDER BY rowid"
         ):
             if state == "acked":
                 self.acked.add(batch_id)
@@ -194,6 +206,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
             rec = BatchRec(
                 batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
                 version, created,
+                {int(i): a for i, a in json.loads(advantages).items()} if advantages else None,
             )
             self.outstanding.setdefault((policy, trainer_id), []).append(rec)
             self.batches[batch_id] = rec
@@ -326,3 +339,13 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
 
     def _stale(self, policy: str, min_version: int) -> bool:
         return min_version >= 0 and self.versions[policy] - min_version > self.policies[policy]
+
+
+def _estimator(registry: Registry, policy: str, name: str) -> AdvantageEstimator:
+    """``policy``'s advantage estimator, built with its registered config's defaults."""
+    entries = registry.entries["advantage_estimator"]
+    if name not in entries:
+        raise ConfigError(missing_option_message(registry, "advantage_estimator", name,
+                                                 key=f"policies.{policy}.advantage"))
+    entry = entries[name]
+    return entry.create(typed_config(entry.config_cls, None))

@@ -27,6 +27,9 @@ from astraflow.schema import (
 _RUN = {f.name: f for f in dataclasses.fields(AstraFlowConfig)}
 _DATAFLOW = {f.name: f for f in dataclasses.fields(DataflowConfig)}
 _STALENESS = next(f for f in dataclasses.fields(PolicyConfig) if f.name == "max_staleness")
+#: the advantage estimator of a policy the settings name none for
+DEFAULT_ADVANTAGE: str = next(
+    f for f in dataclasses.fields(PolicyConfig) if f.name == "advantage").default
 ORDERS = _DATAFLOW["order"].metadata["astraflow"]["choices"]
 
 
@@ -34,7 +37,9 @@ ORDERS = _DATAFLOW["order"].metadata["astraflow"]["choices"]
 class DataflowSettings:
     """Run settings of one data-layer service.
 
-    ``policies`` maps each policy to its ``max_staleness`` (in weight versions).
+    ``policies`` maps each policy to its ``max_staleness`` (in weight versions),
+    ``advantages`` to the name of its advantage estimator (``policies.<name>.advantage``;
+    a policy it does not name is given ``grpo``).
     ``task`` is the task option's config (with ``name``) or None when tasks only
     arrive over HTTP; ``data`` maps data-algorithm names to their option configs.
     The settings a run config also has take their defaults and ranges from its schema
@@ -44,6 +49,7 @@ class DataflowSettings:
     store: str
     policies: dict[str, int] = field(
         default_factory=lambda: {"policy": _STALENESS.default})
+    advantages: dict[str, str] = field(default_factory=dict)
     group_size: int = like(_RUN["group_size"])
     batch_size: int = like(_RUN["batch_size"])
     order: str = like(_DATAFLOW["order"])
@@ -71,8 +77,16 @@ class DataflowSettings:
         wrong = check_instance(self, "dataflow.") + [
             f"policies.{name}.{problem}" for name, staleness in self.policies.items()
             for problem in check_instance(_Staleness(int(staleness)))]
+        wrong += [f"advantages names {name!r}, which is not a policy of this run "
+                  f"({', '.join(self.policies)})"
+                  for name in self.advantages if name not in self.policies]
         if wrong:
             raise ConfigError("; ".join(wrong))
+        self.advantages = {p: self.advantages.get(p, DEFAULT_ADVANTAGE) for p in self.policies}
+
+    def advantage(self, policy: str) -> str:
+        """The name of ``policy``'s advantage estimator."""
+        return self.advantages.get(policy, DEFAULT_ADVANTAGE)
 
     @property
     def store_path(self) -> Path:
@@ -101,11 +115,15 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
     store = store or df.store or (str(Path(cfg.run_dir) / "store") if cfg.run_dir else None)
     if store is None:
         raise ConfigError("dataflow needs a store directory: set dataflow.store or run_dir")
-    policies = {name: int(_plain(p)["max_staleness"]) for name, p in cfg.policies.items()}
+    plain = {name: _plain(p) for name, p in cfg.policies.items()}
+    policies = {name: int(p["max_staleness"]) for name, p in plain.items()}
+    advantages = {name: str(p.get("advantage") or DEFAULT_ADVANTAGE)
+                  for name, p in plain.items()}
     data = {name: _plain(opt) for name, opt in (cfg.data or {}).items()}
     return DataflowSettings(
         store=str(store),
         policies=policies,
+        advantages=advantages,
         group_size=int(cfg.group_size),
         batch_size=int(cfg.batch_size),
         order=str(df.order),

@@ -61,7 +61,7 @@ CREATE INDEX IF NOT EXISTS items_served ON items(batch_id) WHERE batch_id IS NOT
 CREATE TABLE IF NOT EXISTS batches(
     batch_id TEXT PRIMARY KEY, policy TEXT NOT NULL, trainer_id TEXT NOT NULL,
     state TEXT NOT NULL, trainer_version INTEGER NOT NULL, replay TEXT NOT NULL,
-    created_at REAL NOT NULL);
+    created_at REAL NOT NULL, advantages TEXT);
 CREATE TABLE IF NOT EXISTS plugin_state(name TEXT PRIMARY KEY, state TEXT NOT NULL);
 """
 
@@ -108,6 +108,10 @@ class Store:
         if "pool" not in {row[1] for row in self.conn.execute("PRAGMA table_info(items)")}:
             # a store from before per-pool accounting: its items' pools are unknown
             self.conn.execute("ALTER TABLE items ADD COLUMN pool TEXT")
+        if "advantages" not in {row[1] for row in self.conn.execute("PRAGMA table_info(batches)")}:
+            # a store from before batch-stage advantages: its batches were served with
+            # the advantages stamped at intake (NULL), and are served so again
+            self.conn.execute("ALTER TABLE batches ADD COLUMN advantages TEXT")
         self.payloads = PayloadLog(directory / "payloads")
         #: payload bytes reach the disk before the commit that points at them
         self._sync_payloads = not self.inline

@@ -1,6 +1,6 @@
 """The contracts a task source, reward, data algorithm (task selector, trajectory filter,
-batch sampler), workflow or logger plugin passes, as pytest classes a plugin's tests
-subclass::
+batch sampler), workflow, logger or advantage estimator plugin passes, as pytest classes
+a plugin's tests subclass::
 
     from astraflow.testing.contracts import RewardContract
 
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from astraflow.plugins import get_registry
+from astraflow.plugins import get_registry, typed_config
 from astraflow.types import PROMPT, Span, Task, Trajectory
 
 
@@ -339,3 +339,90 @@ class LoggerContract(_OptionContract):
                      "eval_accuracy": 0.25},
                     {"kind": "launcher", "event": "restart", "time": 5.0}])
         logger.close()
+
+
+class AdvantageEstimatorContract(_OptionContract):
+    """``policies.<name>.advantage=OPTION``: one finite advantage per sample, the same for
+    the same rewards; a failed reward counts for nothing and gets 0; an agent's rollout
+    counts once however many samples it yielded; the batch stage keeps the batch's shape
+    and its failed samples at 0. Built as the data layer builds it (its registered
+    config at its defaults)."""
+
+    kind = "advantage_estimator"
+    #: groups of rewards the checks score
+    groups: list[list[float]] = [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0],
+                                 [0.25, 0.5, 1.0], [2.0, -1.0], [1.0], [0.5, 0.5, 0.5, 0.5]]
+    #: a group whose rewards are all equal gets advantages 0 (GRPO, Dr. GRPO, RLOO,
+    #: REINFORCE++: the group's baseline is its mean); False for an estimator without
+    #: a group baseline
+    equal_rewards_give_zero: bool = True
+
+    @pytest.fixture
+    def config(self) -> Any:
+        return typed_config(get_registry().get(self.kind, self.option).config_cls, None)
+
+    @pytest.fixture
+    def estimator(self, config: Any) -> Any:
+        return self.create(config)
+
+    @staticmethod
+    def scored(estimator: Any, rewards: list[float], failed: list[bool] | None = None,
+               **kw: Any) -> list[float]:
+        failed = failed if failed is not None else [False] * len(rewards)
+        out = estimator.group_advantages(list(rewards), failed=list(failed), **kw)
+        assert len(out) == len(rewards), f"{len(out)} advantages for {len(rewards)} rewards"
+        assert all(isinstance(a, int | float) and math.isfinite(a) for a in out), out
+        return list(out)
+
+    def test_one_finite_advantage_per_sample(self, estimator: Any) -> None:
+        for rewards in self.groups:
+            self.scored(estimator, rewards)
+
+    def test_the_same_rewards_give_the_same_advantages(self, estimator: Any,
+                                                       config: Any) -> None:
+        """The data layer stamps each sample once; its copies (a restart, several data
+        layer processes) must agree."""
+        other = self.create(config)
+        for rewards in self.groups * 2:
+            assert self.scored(estimator, rewards) == self.scored(other, rewards)
+
+    def test_equal_rewards_give_zero(self, estimator: Any) -> None:
+        if not self.equal_rewards_give_zero:
+            pytest.skip("the estimator declares no group baseline")
+        for reward in (0.0, 1.0, 0.5):
+            assert self.scored(estimator, [reward] * 4) == pytest.approx([0.0] * 4, abs=1e-6)
+
+    def test_a_failed_reward_counts_for_nothing_and_gets_zero(self, estimator: Any) -> None:
+        for rewards in self.groups:
+            failed = [i % 2 == 1 for i in range(len(rewards))]
+            kept = [r for r, bad in zip(rewards, failed, strict=True) if not bad]
+            failed = [*failed, True]
+            out = self.scored(estimator, [*rewards, 7.0], failed)
+            assert all(a == 0.0 for a, bad in zip(out, failed, strict=True) if bad), out
+            assert [a for a, bad in zip(out, failed, strict=True) if not bad] == pytest.approx(
+                self.scored(estimator, kept), abs=1e-9), (
+                "a failed sample changed the others' advantages")
+        assert self.scored(estimator, [1.0, 0.0], [True, True]) == [0.0, 0.0]
+
+    def test_a_rollout_of_several_samples_counts_once(self, estimator: Any) -> None:
+        """An agent's rollout yields a sample per call (its segments), each with the
+        rollout's reward: the group is scored as if it yielded one."""
+        rewards = [1.0, 1.0, 1.0, 0.0, 0.5]
+        rollouts = ["a", "a", "a", "b", "c"]
+        out = self.scored(estimator, rewards, rollouts=rollouts, rollout_rewards=rewards)
+        once = self.scored(estimator, [1.0, 0.0, 0.5])
+        assert out == pytest.approx([once[0]] * 3 + once[1:], abs=1e-9)
+
+    def test_the_batch_stage_keeps_the_batch_and_its_failed_samples_at_zero(
+            self, estimator: Any, config: Any) -> None:
+        advantages, failed = [], []
+        for rewards in self.groups:
+            bad = [i == 0 for i in range(len(rewards))]
+            advantages += self.scored(estimator, rewards, bad)
+            failed += bad
+        out = list(estimator.batch_advantages(list(advantages), failed=list(failed)))
+        assert len(out) == len(advantages)
+        assert all(isinstance(a, int | float) and math.isfinite(a) for a in out), out
+        assert all(a == 0.0 for a, bad in zip(out, failed, strict=True) if bad), out
+        again = self.create(config).batch_advantages(list(advantages), failed=list(failed))
+        assert list(again) == out, "the batch stage is not deterministic"

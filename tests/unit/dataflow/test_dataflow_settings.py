@@ -15,7 +15,8 @@ from astraflow.errors import ConfigError
 def test_settings_from_run_config(tmp_path):
     cfg = OmegaConf.structured(AstraFlowConfig(
         run_dir=str(tmp_path), group_size=4, batch_size=16,
-        policies={"solver": PolicyConfig(max_staleness=1), "verifier": PolicyConfig()},
+        policies={"solver": PolicyConfig(max_staleness=1, advantage="rloo"),
+                  "verifier": PolicyConfig()},
         data={"dynamic_sampling": {"name": "dynamic_sampling", "tolerance": 0.0}},
     ))
     cfg.task = {"name": "arithmetic", "max_operand": 5}
@@ -23,6 +24,7 @@ def test_settings_from_run_config(tmp_path):
     s = settings_from_config(cfg)
     assert s.store == str(tmp_path / "store")
     assert s.policies == {"solver": 1, "verifier": PolicyConfig().max_staleness}
+    assert s.advantages == {"solver": "rloo", "verifier": "grpo"}
     assert (s.group_size, s.batch_size, s.order) == (4, 16, "edf")
     assert s.task == {"name": "arithmetic", "max_operand": 5}
     assert s.data == {"dynamic_sampling": {"name": "dynamic_sampling", "tolerance": 0.0}}
