@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,7 +17,7 @@ def load_config(path: str) -> DictConfig:
     if not Path(path).is_file():
         raise ConfigError(f"--config {path}: no such file (a component takes the "
                           "config.yaml its run's launcher wrote in the run directory)")
-    return OmegaConf.load(path)
+    return cast(DictConfig, OmegaConf.load(path))  # a run config is a map
 
 
 def policy_names(cfg: DictConfig) -> list[str]:
@@ -47,7 +47,8 @@ def role_map(cfg: DictConfig, roles: tuple[str, ...]) -> dict[str, str]:
 
 def trainer_settings(cfg: DictConfig, policy: str) -> DictConfig:
     """The trainer config with this policy's overrides applied."""
-    trainer = OmegaConf.create(OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg.trainer,
+                                                                       resolve=True)))
     lr = cfg.policies[policy].get("lr")
     if lr is not None and "lr" in trainer:
         trainer.lr = lr
@@ -64,8 +65,11 @@ def resolve_policies(cfg: DictConfig) -> dict[str, Any]:
     """
     from astraflow.config import PolicyConfig
 
-    roles = get_registry().get("workflow", cfg.workflow.name).load().roles_for(cfg.workflow)
-    given = OmegaConf.to_container(cfg.policies, resolve=True) if cfg.policies else {}
+    workflow_cls: Any = get_registry().get("workflow", cfg.workflow.name).load()
+    roles = workflow_cls.roles_for(cfg.workflow)
+    given: dict[str, Any] = (
+        cast(dict[str, Any], OmegaConf.to_container(cfg.policies, resolve=True))
+        if cfg.policies else {})
     unknown = set(given) - set(roles) - {"policy"}
     if unknown:
         raise ConfigError(f"policies {sorted(unknown)} are not roles of "

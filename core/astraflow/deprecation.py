@@ -66,7 +66,7 @@ def deprecated(*, since: str, removed_in: str, instead: str) -> Callable[[T], T]
                 warnings.warn(message, AstraFlowDeprecationWarning, stacklevel=2)
                 init(self, *args, **kwargs)
 
-            obj.__init__ = warned_init  # type: ignore[misc]
+            obj.__init__ = warned_init  # type: ignore[method-assign]
             return obj
 
         if inspect.iscoroutinefunction(obj):

@@ -48,7 +48,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for node in getattr(body, "body", []):
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
             continue
-        above = []
+        above: list[str] = []
         row = node.lineno - 1
         while row >= 1 and lines[row - 1].strip().startswith("#"):
             above.insert(0, comments.get(row, ""))
@@ -90,9 +90,9 @@ def settings_table(cls: type, prefix: str = "", depth: int = 1,
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        hint = hints.get(f.name, f.type)
+        hint: Any = hints.get(f.name, f.type)
         key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             doc = docs.get(f.name) or class_doc(hint).split("\n")[0]
             if depth > 0:
                 out.append(f"  {key}:" + (f"  -- {doc}" if doc else ""))
@@ -101,8 +101,8 @@ def settings_table(cls: type, prefix: str = "", depth: int = 1,
                 out.append(f"  {key}.*  -- {doc} (--help {key})")
             continue
         line = f"  {key}: {_type_name(hint)} = {_default(f)!r}"
-        doc = docs.get(f.name)
-        out.append(f"{line}  -- {doc}" if doc else line)
+        note = docs.get(f.name)
+        out.append(f"{line}  -- {note}" if note else line)
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -125,7 +125,7 @@ def create_app(settings: DataflowSettings, token: str,
     service = DataflowService(settings, registry)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         try:
             yield

@@ -36,9 +36,9 @@ class AutoscaleWindow:
     """Trailing-window accounting of trainer steps, consumption and per-pool production."""
 
     seconds: float
-    steps: deque = field(default_factory=deque)  # (t, wait, step)
-    consumed: deque = field(default_factory=deque)  # (t, n)
-    produced: deque = field(default_factory=deque)  # (t, pool, n)
+    steps: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, wait, step)
+    consumed: deque[tuple[float, int]] = field(default_factory=deque)  # (t, n)
+    produced: deque[tuple[float, str, int]] = field(default_factory=deque)  # (t, pool, n)
 
     def step(self, wait: float, step: float, consumed: int) -> None:
         now = time.time()

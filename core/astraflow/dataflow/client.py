@@ -16,7 +16,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -77,7 +77,7 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def _backoff(attempt: int) -> float:
-    return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2)
+    return float(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
 
 
 class _Api:
@@ -339,7 +339,8 @@ class DataflowClient(_Api):
 
     def _do(self, call: _Call) -> Any:
         steps, reply = self._steps(call), None
-        actions = {"send": self._send, "do": self._do, "sleep": time.sleep}
+        actions: dict[str, Callable[[Any], Any]] = {
+            "send": self._send, "do": self._do, "sleep": time.sleep}
         while (step := _advance(steps, reply))[0] != "done":
             reply = actions[step[0]](step[1])
         return step[1]
@@ -381,7 +382,8 @@ class AsyncDataflowClient(_Api):
 
     async def _do(self, call: _Call) -> Any:
         steps, reply = self._steps(call), None
-        actions = {"send": self._send, "do": self._do, "sleep": asyncio.sleep}
+        actions: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "send": self._send, "do": self._do, "sleep": asyncio.sleep}
         while (step := _advance(steps, reply))[0] != "done":
             reply = await actions[step[0]](step[1])
         return step[1]

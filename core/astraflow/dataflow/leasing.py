@@ -21,6 +21,7 @@ from astraflow.dataflow.records import (
     NodeRec,
     TaskRec,
 )
+from astraflow.dataflow.state import ServiceState
 from astraflow.dataflow.wire import (
     LeaseIn,
     TasksIn,
@@ -28,7 +29,7 @@ from astraflow.dataflow.wire import (
 from astraflow.types import Task
 
 
-class LeasingMixin:
+class LeasingMixin(ServiceState):
     """Mixed into DataflowService (see the module's docstring)."""
 
     def _expire(self) -> int:
@@ -38,7 +39,8 @@ class LeasingMixin:
         while self.expiry and self.expiry[0][0] <= now:
             _deadline, task_id, attempt = heapq.heappop(self.expiry)
             rec = self.tasks.get(task_id)
-            if rec and rec.state == "leased" and rec.attempt == attempt and rec.deadline <= now:
+            if (rec and rec.state == "leased" and rec.attempt == attempt
+                    and rec.deadline is not None and rec.deadline <= now):
                 rec.state = "pending"
                 expired.append(task_id)
         self.ready.extendleft(reversed(expired))
@@ -215,6 +217,7 @@ class LeasingMixin:
         cursor_was, skipped_was = (self.epoch, self.index), self.counters["tasks_skipped"]
         while True:
             changed = self._changed
+            assert changed is not None  # made as the server starts, before any request
             granted, reasons = self._grant(node, req)
             remaining = give_up - time.monotonic()
             if granted or remaining <= 0:

@@ -22,12 +22,13 @@ from astraflow.dataflow.records import (
     NodeRec,
     ServiceError,
 )
+from astraflow.dataflow.state import ServiceState
 from astraflow.dataflow.wire import RegisterIn
 
 log = logging.getLogger("astraflow.dataflow")
 
 
-class NodesMixin:
+class NodesMixin(ServiceState):
     """Mixed into DataflowService (see the module's docstring)."""
 
     async def register(self, req: RegisterIn) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from astraflow.dataflow.records import (
     prom_label,
     share,
 )
+from astraflow.dataflow.state import ServiceState
 
 
-class ObservabilityMixin:
+class ObservabilityMixin(ServiceState):
     """Mixed into DataflowService (see the module's docstring)."""
 
     def pool_sizes(self) -> dict[str, int]:

@@ -66,7 +66,7 @@ class PayloadLog:
         self._unsynced: set[int] = set()
         self._readers: dict[int, int] = {}
         #: rows pointing into each segment (committed, or appended for a pending commit)
-        self.refs: Counter = Counter()
+        self.refs: Counter[int] = Counter()
 
     # ---- files -----------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ class BatchRec:
     advantages: dict[int, float] | None = None
 
 
-def log_failure(future: asyncio.Future) -> None:
+def log_failure(future: asyncio.Future[Any]) -> None:
     """Announcements nobody awaits (weights' on_publish) must not fail silently."""
     if not future.cancelled() and future.exception() is not None:
         log.warning("version announcement failed: %s", future.exception())

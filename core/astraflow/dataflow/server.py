@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -43,7 +44,8 @@ class _Server(uvicorn.Server):
     """Ends the service's long polls before uvicorn waits for open requests to finish."""
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        service = getattr(self.config.app.state, "service", None)
+        app: Any = self.config.app  # the FastAPI app of create_app
+        service = getattr(app.state, "service", None)
         if service is not None:
             service.close_waits()
         await super().shutdown(sockets)
@@ -101,7 +103,8 @@ class BackgroundServer:
 
     @property
     def service(self) -> DataflowService:
-        return self.app.state.service
+        service: DataflowService = self.app.state.service
+        return service
 
     def _run(self) -> None:
         try:

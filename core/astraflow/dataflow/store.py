@@ -40,7 +40,7 @@ from astraflow.errors import ConfigError
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], Any]
 #: a queued job, the event-loop future its outcome resolves, and its counter increments
-Entry = tuple[Job, asyncio.AbstractEventLoop, asyncio.Future, Counter | None]
+Entry = tuple[Job, asyncio.AbstractEventLoop, asyncio.Future[Any], Counter[str] | None]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -152,14 +152,14 @@ class Store:
             conn.close()
 
     async def run(self, job: Callable[[sqlite3.Connection], T],
-                  counters: Counter | None = None) -> T:
+                  counters: Counter[str] | None = None) -> T:
         """Run ``job`` in the next transaction; return once it is committed.
 
         ``counters`` are added to the counters table if the job succeeds, summed with
         those of the transaction's other jobs: one statement per name, not per job.
         """
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
         if self.inline:
             if not self._pending:
                 loop.call_soon(self.flush)
@@ -211,8 +211,8 @@ class Store:
 
     def _transaction(self, jobs: list[Entry]) -> None:
         conn = self.conn
-        outcomes: list[tuple[asyncio.Future, Any, BaseException | None]] = []
-        counts: Counter = Counter()
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        counts: Counter[str] = Counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             if len(jobs) == 1:  # alone, a failing job rolls back the whole transaction
@@ -247,7 +247,8 @@ class Store:
         if self.inline:
             _resolve(outcomes)
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        by_loop: dict[asyncio.AbstractEventLoop,
+                      list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
         for (_job, loop, _future, _counters), outcome in zip(jobs, outcomes, strict=True):
             by_loop.setdefault(loop, []).append(outcome)
         for loop, resolved in by_loop.items():
@@ -257,7 +258,7 @@ class Store:
                 continue
 
 
-def add_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
+def add_counters(conn: sqlite3.Connection, deltas: Counter[str]) -> None:
     """Add ``deltas`` to the counters table (names with a zero delta are skipped)."""
     conn.executemany(
         "INSERT INTO counters(name, value) VALUES (?, ?) "
@@ -266,7 +267,7 @@ def add_counters(conn: sqlite3.Connection, deltas: Counter) -> None:
     )
 
 
-def _resolve(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+def _resolve(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     """On the event loop: hand each job's outcome to the request awaiting it."""
     for future, result, error in outcomes:
         if future.cancelled():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 #: points kept per series; a longer run keeps its latest ones
@@ -28,23 +29,23 @@ def thinned(points: list[Any], most: int = SHOWN_POINTS) -> list[Any]:
 
 
 class Timeline:
-    def __init__(self, clock=time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         #: per policy: [time, step, wait_seconds, step_seconds, reward_mean | None]
-        self.steps: dict[str, deque] = {}
+        self.steps: dict[str, deque[list[Any]]] = {}
         #: per policy: Counter of trained samples by staleness (versions behind)
-        self.staleness: dict[str, Counter] = {}
+        self.staleness: dict[str, Counter[int]] = {}
         #: per policy: [time, version, {metric: value}]
-        self.evals: dict[str, deque] = {}
+        self.evals: dict[str, deque[list[Any]]] = {}
         #: per policy: {version: when it was published}
         self.published: dict[str, dict[int, float]] = {}
         #: per node: {policy: version} as its last lease said
         self.held: dict[str, dict[str, int]] = {}
         #: per (node, policy): {version: [reached at, seconds after its publication]}
-        self.reached: dict[tuple[str, str], dict[int, list[float]]] = {}
+        self.reached: dict[tuple[str, str], dict[int, list[float | None]]] = {}
         #: per node: trajectories accepted, and (time, count) samples for its rate
-        self.accepted: Counter = Counter()
-        self._rate_marks: dict[str, deque] = {}
+        self.accepted: Counter[str] = Counter()
+        self._rate_marks: dict[str, deque[tuple[float, int]]] = {}
 
     def stepped(self, policy: str, wait: float, step: float, staleness: list[int],
                 metrics: dict[str, float]) -> None:

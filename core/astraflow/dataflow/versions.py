@@ -19,9 +19,10 @@ from astraflow.dataflow.records import (
     log_failure,
     stale_key,
 )
+from astraflow.dataflow.state import ServiceState
 
 
-class VersionsMixin:
+class VersionsMixin(ServiceState):
     """Mixed into DataflowService (see the module's docstring)."""
 
     def announce_version(self, policy: str, version: int) -> Any:
@@ -52,6 +53,7 @@ class VersionsMixin:
         give_up = time.monotonic() + wait
         while True:
             published = self._new_version
+            assert published is not None  # made as the server starts, before any request
             remaining = give_up - time.monotonic()
             if remaining <= 0 or any(self.versions[p] > v for p, v in have.items()):
                 return dict(self.versions)
@@ -96,6 +98,7 @@ class VersionsMixin:
         self.store.payloads.release(item.loc for item in stale + too_old)
         self.counters.update(deltas)
         self._pulse_changed()
+        assert self._new_version is not None  # made as the server starts
         self._new_version.set()
         self._new_version = asyncio.Event()
         return {"policy": policy, "version": version, "dropped_stale": len(stale)}

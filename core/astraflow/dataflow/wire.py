@@ -243,7 +243,7 @@ BOUND_RULES = {
 }
 
 
-def _blob(name: str, value: list | bytes) -> bytes:
+def _blob(name: str, value: list[Any] | bytes) -> bytes:
     """One array in its wire form; a JSON list is range-checked before it is narrowed."""
     dtype = DTYPES[name]
     if isinstance(value, bytes):
@@ -280,7 +280,7 @@ class CheckedTrajectory:
 
     def payload(self, advantage: float, metadata: dict[str, Any]) -> bytes:
         """The stored (and served) form: msgpack with binary arrays."""
-        return msgpack.packb(
+        packed: bytes = msgpack.packb(
             {
                 "task_id": self.task_id,
                 "group_id": self.group_id,
@@ -292,6 +292,7 @@ class CheckedTrajectory:
                 "advantage": advantage,
             }
         )
+        return packed
 
     def to_trajectory(self) -> Trajectory:
         return Trajectory(
@@ -390,7 +391,7 @@ def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajecto
             )
     return [
         CheckedTrajectory(t.task_id, t.group_id, t.policy, wire, tiled, float(t.reward),
-                          t.metadata, -1 if low == UNTRAINED else low)
+                          t.metadata, -1 if low == UNTRAINED else int(low))
         for t, wire, tiled, low in zip(trajectories, blobs, spans, min_versions, strict=True)
     ]
 

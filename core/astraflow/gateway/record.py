@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +162,7 @@ class Session:
     # -- recording what was sampled --------------------------------------------------
     def record(self, role: str, plan: Plan, generations: list[Generation],
                messages: list[dict[str, Any]] | None,
-               replies: list[dict[str, Any] | None]) -> None:
+               replies: Sequence[dict[str, Any] | None]) -> None:
         """Each choice extends the plan's segment (the first, when nothing else has
         extended it meanwhile) or forks a copy of it."""
         tok = self.tokenizer
@@ -179,7 +180,7 @@ class Session:
                 convo = canonical([*messages, reply])
             text = tok.decode(builder.tokens, skip_special_tokens=False)
             in_place = (base is not None and index == 0 and base.revision == plan.revision)
-            if in_place:
+            if in_place and base is not None:
                 base.builder, base.text, base.messages = builder, text, convo
                 base.last_ids, base.revision = list(gen.token_ids), base.revision + 1
                 base.calls += 1

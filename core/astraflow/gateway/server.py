@@ -129,7 +129,7 @@ class Gateway:
         class _Server(uvicorn.Server):
             # the node owns SIGINT/SIGTERM: the gateway is stopped with it
             @contextlib.contextmanager
-            def capture_signals(self):  # type: ignore[override]
+            def capture_signals(self):
                 yield
 
         config = uvicorn.Config(self.app, interface="asgi3", log_level="warning",
@@ -415,7 +415,7 @@ class Gateway:
             i = choice["index"]
             if chat:
                 message = choice["message"]
-                deltas = [{"role": "assistant", "content": ""}]
+                deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
                 if message.get("content"):
                     deltas.append({"content": message["content"]})
                 if message.get("tool_calls"):

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from omegaconf import DictConfig, OmegaConf
@@ -156,9 +156,11 @@ class LocalRun:
         host = self.cfg.dataflow.host
         if self._listener is None:
             self._listener = self.bind_dataflow(self.cfg)
+        listener = self._listener
+        assert listener is not None  # this launcher's bind_dataflow always binds
         if not self.url:
-            self.url = listen.url(host, self._listener)
-        fd = self._listener.fileno()
+            self.url = listen.url(host, listener)
+        fd = listener.fileno()
         self.spawn("dataflow", "dataflow", "--fd", str(fd), "--host", host,
                    "--store", str(self.run_dir / "store"),
                    "--config", str(self.run_dir / "config.yaml"), pass_fds=(fd,))
@@ -404,7 +406,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     """
     from astraflow.launch import preflight
 
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
     preflight.check_backends(cfg)
     cfg.policies = resolve_policies(cfg)
     preflight.resolve_paths(cfg)
@@ -427,11 +429,11 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
         from astraflow.models.tiny import make_tiny_model
 
         tasks = list(source.train_tasks())
-        workflow_cls = get_registry().get("workflow", cfg.workflow.name).load()
+        workflow_cls: Any = get_registry().get("workflow", cfg.workflow.name).load()
         examples = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
         cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-        model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                                                        cfg.model))
+        model_cfg = cast(ModelConfig, OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model)))
         # as many passes over the task's own examples whatever else a workflow adds, so a
         # solver trained next to a verifier starts as strong as one trained alone
         model_cfg.warmstart_steps = math.ceil(

@@ -113,7 +113,7 @@ class RayLauncherConfig:
             return [*out, f"launcher.pools={pools}: a map of pool name to its settings "
                     f"({', '.join(f.name for f in dataclasses.fields(PoolConfig))})"]
         for name, pool in pools.items():
-            where = f"launcher.pools.{name}"
+            where = f"launcher.pools.{name!s}"
             if not isinstance(pool, DictConfig):
                 out.append(f"{where}={pool}: a pool is a map of its settings")
                 continue

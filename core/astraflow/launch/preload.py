@@ -218,16 +218,19 @@ class Preloader:
                 reply = self._reply()
                 self.pending -= 1
                 if "unsafe" in reply:
-                    return self._fail(f"forking is not safe: {reply['unsafe']}")
+                    self._fail(f"forking is not safe: {reply['unsafe']}")
+                    return None
                 self.import_seconds = (self.import_seconds or 0.0) + reply.get("seconds", 0.0)
             self.sock.settimeout(FORK_TIMEOUT)
             self._send({"op": "fork", "args": args, "env": env, "cwd": os.getcwd(),
                         "log": str(log)})
             reply = self._reply()
         except (OSError, ValueError) as exc:  # a timeout is an OSError
-            return self._fail(f"the preloaded parent stopped answering ({exc or 'timeout'})")
+            self._fail(f"the preloaded parent stopped answering ({exc or 'timeout'})")
+            return None
         if "pid" not in reply:
-            return self._fail(f"the preloaded parent could not fork: {reply.get('error')}")
+            self._fail(f"the preloaded parent could not fork: {reply.get('error')}")
+            return None
         return ForkedProcess(int(reply["pid"]), [sys.executable, "-m", "astraflow", *args])
 
     def known(self) -> set[int]:

@@ -157,7 +157,9 @@ class RayRun(LocalRun):
         return name.removeprefix("raas-").rsplit("-", 1)[0]
 
     # -- life cycle ---------------------------------------------------------------------
-    def spawn(self, name: str, *args: str) -> Child:
+    def spawn(self, name: str, *args: str, pass_fds: tuple[int, ...] = ()) -> Child:
+        """``name`` in an actor; ``pass_fds`` is the local launcher's (an actor gets no
+        descriptor of the launcher's)."""
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {TOKEN_ENV: self.token,
@@ -202,7 +204,7 @@ class RayRun(LocalRun):
         """Append ``remote`` from ``offset`` to ``local``, chunk by chunk; the new offset.
         A file smaller than ``offset`` is a new one (the component was restarted on
         another machine): copied from its start."""
-        ray, actor = self.ray, child.proc.actor  # type: ignore[attr-defined]
+        ray, actor = self.ray, child.proc.actor  # type: ignore[union-attr]
         while True:
             data, size = ray.get(actor.read.remote(remote, offset), timeout=timeout)
             if size < offset:
@@ -239,7 +241,7 @@ class RayRun(LocalRun):
     def copy_dir(self, child: Child, remote: str) -> None:
         """Copy a directory of a component's working directory into the run directory
         (the final weights), file by file."""
-        for path in self.ray.get(child.proc.actor.files.remote(remote), timeout=60):  # type: ignore[attr-defined]
+        for path in self.ray.get(child.proc.actor.files.remote(remote), timeout=60):  # type: ignore[union-attr]
             local = self.run_dir / path
             tmp = local.with_name(f".{local.name}.part")
             tmp.unlink(missing_ok=True)
@@ -266,7 +268,7 @@ class RayRun(LocalRun):
                            "--port", port, "--store", str(self.run_dir / "store"),
                            "--config", str(self.run_dir / "config.yaml"))
         deadline = time.time() + float(self.cfg.launcher.get("start_timeout", 300))
-        actor = child.proc.actor  # type: ignore[attr-defined]
+        actor = child.proc.actor  # type: ignore[union-attr]
         while True:
             with contextlib.suppress(self.ray.exceptions.RayError):
                 if self.ray.get(actor.read.remote("store/url", 0), timeout=_POLL_SECONDS)[0]:
@@ -407,7 +409,7 @@ class RayRun(LocalRun):
             self.copy_streams(chosen, final=True)
             for child in chosen:  # one after the other: the last removes the run's
                 with contextlib.suppress(Exception):  # directory, once it is empty
-                    self.ray.get(child.proc.actor.remove_work.remote(),  # type: ignore[attr-defined]
+                    self.ray.get(child.proc.actor.remove_work.remote(),  # type: ignore[union-attr]
                                  timeout=120)
         for child in chosen:
             with contextlib.suppress(Exception):  # already gone
@@ -429,7 +431,7 @@ class RayRun(LocalRun):
         self.copy_streams([child], final=True)
         with contextlib.suppress(Exception):
             if not self.cfg.launcher.get("keep_work_dir", False):
-                self.ray.get(child.proc.actor.remove_work.remote(), timeout=60)  # type: ignore[attr-defined]
+                self.ray.get(child.proc.actor.remove_work.remote(), timeout=60)  # type: ignore[union-attr]
             child.proc.kill()
 
 

@@ -378,8 +378,8 @@ class RaaSNode:
             # until a rollout finishes (its submission leases the next) or a newer version
             # loads (admission may issue more): a node refused for staleness with nothing
             # in flight asks again as soon as it refreshes, not after a guessed pause
-            wakers = {asyncio.ensure_future(self._loaded.wait()),
-                      asyncio.ensure_future(stop.wait())}
+            wakers: set[asyncio.Task[Any]] = {asyncio.ensure_future(self._loaded.wait()),
+                                              asyncio.ensure_future(stop.wait())}
             try:
                 done, running = await asyncio.wait(
                     running | wakers, timeout=BUSY_POLL if running else IDLE_POLL,

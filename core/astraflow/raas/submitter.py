@@ -67,7 +67,8 @@ class Submitter:
         return await done
 
     def _take(self) -> list[tuple[dict[str, Any], asyncio.Future]]:
-        group, size = [], 0
+        group: list[tuple[dict[str, Any], asyncio.Future]] = []
+        size = 0
         while self._queue and len(group) < MAX_ENTRIES:
             size += _size(self._queue[0][0])
             if group and size > MAX_BYTES:

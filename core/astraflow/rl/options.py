@@ -7,6 +7,7 @@ Backends extend this dataclass with their own fields, so the same override
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +166,8 @@ def parallel_sizes(options: object) -> tuple[int, int, int]:
 
     Any trainer config works: one without these settings is a single process.
     """
-    get = getattr(options, "get", None) or (lambda k, d: getattr(options, k, d))
+    get: Callable[[str, Any], Any] = (getattr(options, "get", None)
+                                      or (lambda k, d: getattr(options, k, d)))
     world = int(get("world_size", 1))
     tp = int(get("tensor_model_parallel_size", 1))
     pp = int(get("pipeline_model_parallel_size", 1))

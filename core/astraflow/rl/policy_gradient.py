@@ -169,7 +169,8 @@ class PolicyGradientBackend(TrainerBackend):
         """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""
         raise NotImplementedError
 
-    def prefix_logits(self, model: Any, split: shared_prefix.SharedPrefix
+    # the module's name, which the class attribute ``shared_prefix`` shadows for mypy
+    def prefix_logits(self, model: Any, split: shared_prefix.SharedPrefix  # type: ignore[name-defined]
                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The prefix pass's ``[G, P, V]`` and the suffix pass's ``[b, S, V]`` logits
         (see :mod:`astraflow.rl.shared_prefix`); None on an earlier pipeline stage."""

@@ -215,7 +215,7 @@ class FileTasks(TaskSource):
     """Rows of local files as tasks (the reader is the subclass's): ids, eval split,
     prompt-length filter, checks and counts are shared."""
 
-    config_cls: ClassVar[type] = FileTaskConfig
+    config_cls: ClassVar[type[FileTaskConfig]] = FileTaskConfig
     #: files a directory stands for
     suffixes: ClassVar[tuple[str, ...]] = ()
 

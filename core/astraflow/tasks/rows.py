@@ -71,7 +71,8 @@ def _json_safe_object(value: Any) -> Any:
         if isinstance(value, np.datetime64 | np.timedelta64):
             return str(value)
         if isinstance(value, np.bytes_ | np.void):
-            return json_safe(bytes(value))
+            # numpy's stubs declare the buffer protocol for Python >= 3.12 only
+            return json_safe(bytes(value))  # type: ignore[arg-type]
         return json_safe(value.tolist())
     return str(value)
 

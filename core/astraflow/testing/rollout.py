@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
+from astraflow.contracts import RolloutBackend
 from astraflow.plugins import get_registry
 from astraflow.testing.engine import LoopThread
-from astraflow.types import GenerationRequest
+from astraflow.types import Generation, GenerationRequest
 
 
 def prompt_ids(model_dir: str, text: str) -> list[int]:
@@ -183,7 +185,9 @@ class RolloutBackendContract:
         else:
             assert len(set(versions)) == 1
 
-    async def _swap_during(self, backend, model_dir, path, version, started=None):
+    async def _swap_during(self, backend: RolloutBackend, model_dir: str, path: Path | str,
+                           version: int, started: Callable[[], bool] | None = None
+                           ) -> tuple[Generation, list[str]]:
         """Generate LONG tokens greedily while ``path`` is swapped in as ``version`` (once
         ``started()``, if given, says the generation is under way); the generation and
         which of the two finished first. The original weights are back after it."""

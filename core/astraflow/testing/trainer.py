@@ -20,7 +20,7 @@ import math
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from omegaconf import OmegaConf
@@ -34,7 +34,10 @@ from astraflow.tasks.arithmetic import ArithmeticTasks
 from astraflow.text import load_tokenizer
 from astraflow.types import PROMPT, Batch, Span, TrainItem, Trajectory
 
-torch = pytest.importorskip("torch")  # a trainer suite needs torch; the core does not
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch")  # a trainer suite needs torch; the core does not
 
 MakeBackend = Callable[[], TrainerBackend]
 
@@ -47,7 +50,7 @@ def arithmetic_batch(model_dir: str, advantages: Sequence[float], batch_id: str 
     tokenizer = load_tokenizer(model_dir)
     items = []
     for task, advantage in zip(ArithmeticTasks().eval_tasks(), advantages, strict=False):
-        prompt = tokenizer.encode(task.prompt)
+        prompt = tokenizer.encode(cast(str, task.prompt))  # arithmetic prompts are text
         answer = [*tokenizer.encode(task.answer or ""), tokenizer.eos_token_id]
         trajectory = prompt_completion(task.task_id, prompt, answer, float(advantage > 0))
         items.append(TrainItem(trajectory, float(advantage)))
@@ -282,7 +285,7 @@ def contract_suites(backend_name: str) -> tuple[type, ...]:
 
         TestMine, TestMineM2POMicroBatched, TestMineBfloat16 = contract_suites("mine")
     """
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "": {},
         "M2POMicroBatched": {"settings": {"loss": "m2po", "kl_coef": 0.05,
                                           "micro_batch_size": 2}},

@@ -344,7 +344,8 @@ class _Behind:
 
     def start(self, finish: Any) -> None:
         assert self.pending is None or self.pending.done()
-        self.pending = future = Future()
+        future: Future[Any] = Future()
+        self.pending = future
 
         def run() -> None:
             try:
@@ -379,7 +380,8 @@ class _FetchAhead:
     def start(self, after: str, acknowledged: Future | None = None) -> None:
         """Fetch the batch after ``after`` once ``acknowledged`` (the previous batch's
         acknowledgement, if still on its way) is done."""
-        self._next = future = Future()
+        future: Future[Any] = Future()
+        self._next = future
 
         def run() -> None:
             try:

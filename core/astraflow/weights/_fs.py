@@ -40,7 +40,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     fsync_dir(path.parent)
 
 
-def build_dir(out: Path, write: Callable[[Path], None], done: Callable[[Path], bool]) -> None:
+def build_dir(out: Path, write: Callable[[Path], object], done: Callable[[Path], bool]) -> None:
     """``write`` a temporary sibling of ``out`` and rename it into place.
 
     Concurrent builders (pytest-xdist workers, several sessions sharing a cache) never

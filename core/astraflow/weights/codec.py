@@ -125,13 +125,15 @@ def _encode(old: np.ndarray, new: np.ndarray) -> tuple[int, bytes]:
                 codes[0] = codes[full] if phase else 0
                 codes[1 : full + 1] = 0
             if k and gap_stream is None and raw_gaps is None:
-                if len(compressor.compress(gaps[:k])) < 0.9 * k:
+                # numpy's stubs declare an array's buffer protocol for Python >= 3.12 only
+                if len(compressor.compress(gaps[:k])) < 0.9 * k:  # type: ignore[arg-type]
                     gap_stream = compressor.compressobj()
                 else:
                     raw_gaps = []
             if k and gap_stream is not None:
-                gap_chunks.append(gap_stream.compress(gaps[:k]))
+                gap_chunks.append(gap_stream.compress(gaps[:k]))  # type: ignore[arg-type]
             elif k:
+                assert raw_gaps is not None  # chosen above at the first gaps
                 raw_gaps.append(gaps[:k].tobytes())
             if e:
                 escape_chunks.append(escapes[:e].astype("<u4", copy=False).tobytes())
@@ -289,6 +291,7 @@ class _Patch:
         """The patch in runs of changes, about one per thread for a large delta (and the
         odd last byte set, if it changes)."""
         kernels, d, dst = _kernels(), self.d, self.dst
+        assert dst is not None, "a patch to apply has its destination"
         if self.last_byte is not None:
             dst[-1] = self.last_byte
         lanes = _lanes(dst)

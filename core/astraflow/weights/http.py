@@ -65,6 +65,7 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
         def build() -> dict[str, Any]:
             files = store.plan(policy, have, want)
             target = want if want is not None else store.latest(policy)
+            assert target is not None  # plan() found a latest version
             return {"policy": policy, "have": have, "want": target,
                     "manifest": store.manifest(policy, target),
                     "files": [f.to_dict() for f in files]}

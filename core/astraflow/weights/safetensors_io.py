@@ -136,7 +136,8 @@ def _header(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None) -
 def _chunks(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None) -> Iterator:
     yield _header(tensors, metadata)
     for name in sorted(tensors):
-        yield memoryview(tensors[name].flat).cast("B")
+        # numpy's stubs declare an array's buffer protocol for Python >= 3.12 only
+        yield memoryview(tensors[name].flat).cast("B")  # type: ignore[arg-type]
 
 
 def save(path: Path | str, tensors: Mapping[str, Tensor],

@@ -128,8 +128,8 @@ class AgentProcesses:
         async with self._lock:
             if self.gave_up:
                 raise AgentFailed(self.gave_up)
-            slot = min(range(len(self.workers)), key=lambda i: -1 if self.workers[i] is None
-                       else len(self.workers[i].pending))
+            slot = min(range(len(self.workers)),
+                       key=lambda i: -1 if (w := self.workers[i]) is None else len(w.pending))
             return self.workers[slot] or await self._start(slot)
 
     async def _start(self, slot: int) -> _Worker:

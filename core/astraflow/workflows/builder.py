@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
@@ -14,7 +14,10 @@ from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.types import PROMPT, Generation, Span, Task, Trajectory
 from astraflow.workflows.latency import Latency, LatencyConfig
 
-S = TypeVar("S")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+S = TypeVar("S", bound="DataclassInstance")
 
 
 class TrajectoryBuilder:
@@ -123,7 +126,7 @@ class EnvWorkflow(Workflow):
     """
 
     #: the settings this class reads, each with its default
-    settings_class: type = EnvConfig
+    settings_class: type[Any] = EnvConfig
 
     @classmethod
     def check_config(cls, config: Any) -> None:

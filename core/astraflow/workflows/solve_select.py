@@ -77,7 +77,7 @@ class SolveSelectWorkflow(AttemptsWorkflow):
             shown = [perturb(right, rng) for _ in range(3)]
             at = rng.randrange(len(shown) + 1)
             shown.insert(at, right)
-            out.append(Task(f"{task.task_id}:pick", selector_context(task.prompt, shown),
+            out.append(Task(f"{task.task_id}:pick", selector_context(str(task.prompt), shown),
                             str(at)))
         return out
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle, Workflow
-from astraflow.sandbox import SandboxConfig
+from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
 from astraflow.types import TOOL, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
@@ -41,7 +41,7 @@ class ToolUseWorkflow(Workflow):
     def __init__(self, config, tokenizer, reward) -> None:
         super().__init__(config, tokenizer, reward)
         self.call = re.compile(rf"{config.tool}\(([^()]*)\)$")
-        self._sandbox = None
+        self._sandbox: Sandbox | None = None
 
     async def _tool(self, argument: str) -> str:
         if self.config.tool == "calc":

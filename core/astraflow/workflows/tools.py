@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from astraflow.sandbox import Sandbox, SandboxConfig
@@ -42,7 +42,7 @@ def sandbox_from(config: SandboxConfig | object) -> Sandbox:
     from astraflow.sandbox import Sandbox, SandboxConfig
 
     if not isinstance(config, SandboxConfig):
-        config = SandboxConfig(**OmegaConf.to_container(config))
+        config = SandboxConfig(**cast(dict[str, Any], OmegaConf.to_container(config)))
     return Sandbox(config)
 
 

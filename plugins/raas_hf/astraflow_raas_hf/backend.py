@@ -90,7 +90,7 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self._worker: asyncio.Task | None = None
         self._open = asyncio.Event()
         self._idle = asyncio.Event()
-        self.model = None
+        self.model: Any = None  # the transformers model, once started
         self._tied: set[str] = set()
         self._adapter_configs: dict[str, dict] = {}
         #: weights waiting for the next decode step, and the (first token, version)
@@ -115,7 +115,7 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self._idle.set()
         self._worker = asyncio.create_task(self._serve())
 
-    def _load(self):
+    def _load(self) -> Any:
         torch.set_num_threads(self.config.num_threads)
         device = self.config.device
         if device == "auto":

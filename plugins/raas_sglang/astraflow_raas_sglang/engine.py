@@ -93,7 +93,8 @@ class SGLangRolloutBackend(RolloutBackend):
         assert self._http is not None
         # an adapter not loaded yet is its version 0: the base model
         adapter = self._adapters.get(request.adapter) if request.adapter else None
-        version = self.adapter_versions[request.adapter] if adapter else self.version
+        version = (self.adapter_versions[request.adapter] if adapter and request.adapter
+                   else self.version)
         payload = generate_payload(request, uuid.uuid4().hex, adapter[0] if adapter else None)
         while True:  # bounded: recover() raises once the restarts are used up
             seen = 0

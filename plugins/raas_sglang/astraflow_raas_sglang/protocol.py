@@ -150,6 +150,7 @@ def _generation(item: Any, index: int, fallback_version: int) -> Generation:
 def _version(meta: dict[str, Any], fallback: int) -> int:
     """The weight version the server says produced the tokens, when it is ours (an int)."""
     try:
-        return int(meta.get("weight_version"))
+        version: Any = meta.get("weight_version")  # None (a TypeError) when it says none
+        return int(version)
     except (TypeError, ValueError):
         return fallback

@@ -60,6 +60,12 @@ GIB = 1 << 30
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def _tracker() -> Any:
+    """This interpreter's multiprocessing resource tracker, whose private state (its
+    pipe, process and stop) typeshed does not declare."""
+    return resource_tracker._resource_tracker
+
+
 def tensor_shapes(directory: str) -> dict[str, list[int]]:
     """Names and shapes of a checkpoint's tensors (every shard), read from headers only."""
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
@@ -107,7 +113,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self._shapes = tensor_shapes(self.model_path)
         # vLLM spawns its engine core through multiprocessing, which starts the
         # interpreter-wide resource tracker if nothing has yet; we stop it on shutdown.
-        self._owns_tracker = resource_tracker._resource_tracker._fd is None
+        self._owns_tracker = _tracker()._fd is None
         if cfg.cpu_threads_bind is not None:  # read by the engine processes vLLM spawns
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         args = AsyncEngineArgs(
@@ -132,7 +138,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self.engine = AsyncLLM.from_engine_args(args)
         # the engine core and its workers, all up once the engine answers (not the
         # resource tracker: ``shutdown`` stops it, and it must find it unreaped)
-        before.add(resource_tracker._resource_tracker._pid)
+        before.add(_tracker()._pid)
         self._processes = [p for p in psutil.Process().children(recursive=True)
                            if p.pid not in before]
         await self.engine.update_weight_version(str(self.version))
@@ -164,7 +170,8 @@ class VLLMRolloutBackend(RolloutBackend):
     async def generate(self, request: GenerationRequest) -> list[Generation]:
         # an adapter not loaded yet is its version 0: the base model
         lora = self._loaded.get(request.adapter) if request.adapter else None
-        version = self.adapter_versions[request.adapter] if lora is not None else None
+        version = (self.adapter_versions[request.adapter]
+                   if lora is not None and request.adapter else None)
         stream = self._engine().generate(tokens_input(list(request.prompt_ids)),
                                          self.sampling_params(request),
                                          request_id=uuid.uuid4().hex, lora_request=lora)
@@ -271,4 +278,4 @@ class VLLMRolloutBackend(RolloutBackend):
                 process.kill()
         psutil.wait_procs(alive, timeout=5)
         if self._owns_tracker:
-            resource_tracker._resource_tracker._stop()
+            _tracker()._stop()

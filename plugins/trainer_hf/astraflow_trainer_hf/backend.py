@@ -75,6 +75,8 @@ class HFTrainerBackend(PolicyGradientBackend):
     or sharded with FSDP2 over the ranks of ``torchrun``."""
 
     checkpoint_format = 2
+    #: where it trains (``trainer.device`` resolved)
+    device: torch.device
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -212,10 +214,11 @@ class HFTrainerBackend(PolicyGradientBackend):
         """Sharing stays on only if this model's cached-prefix passes give the plain
         pass's log-probs on a real micro-batch (a model whose forward ignores
         ``position_ids`` or the cache would train on wrong log-probs)."""
+        split = micro.prefix
+        assert split is not None  # checked on a micro-batch that shares a prefix
         with torch.no_grad():
             plain = token_logprobs(self.logits(model, micro.tokens), micro.tokens)
-            shared, _ = share.token_stats(*self.prefix_logits(model, micro.prefix),
-                                          micro.prefix)
+            shared, _ = share.token_stats(*self.prefix_logits(model, split), split)
         real = torch.arange(plain.shape[1], device=plain.device)[None] < torch.tensor(
             micro.lengths, device=plain.device)[:, None]
         gap = float(torch.where(real, (plain - shared).abs(), 0.0).max())

@@ -267,6 +267,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             if loss is not None:
                 loss.backward()
             else:
+                assert out is not None  # a stage before the last kept its output
                 grad = torch.empty_like(out)
                 dist.recv(grad, self._pp_peer(_pp_rank() + 1))
                 out.backward(grad)
@@ -479,7 +480,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                         and "output_layer.weight" in params and tied_output not in index):
                     targets.append("output_layer.weight")
                 for target in targets:
-                    if target not in params:
+                    if target is None or target not in params:
                         continue
                     parts = [h.get_tensor(key) for h in handles]
                     if parts[0].dim() == 0:  # an optimiser's step count

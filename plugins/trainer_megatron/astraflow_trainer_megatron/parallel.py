@@ -47,7 +47,7 @@ def megatron_device() -> Iterator[None]:
         yield
         return
     real = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"
     try:
         yield
     finally:
