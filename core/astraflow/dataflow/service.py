@@ -19,6 +19,7 @@ import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
+from typing import Any, cast
 
 from astraflow.contracts import (
     AdvantageEstimator,
@@ -71,10 +72,10 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         self.algorithms: dict[str, DataAlgorithm] = {}
         options = registry.group_options("data")
         for name, conf in (settings.data or {}).items():
-            entry = options.get(name)
-            if entry is None:
+            option = options.get(name)
+            if option is None:
                 raise ConfigError(missing_option_message(registry, "trajectory_filter", name))
-            self.algorithms[name] = entry.create(typed_config(entry.config_cls, conf))
+            self.algorithms[name] = option.create(typed_config(option.config_cls, conf))
         algos = self.algorithms.values()
         self.selectors = [a for a in algos if isinstance(a, TaskSelector)]
         self.filters = [a for a in algos if isinstance(a, TrajectoryFilter)]
@@ -84,14 +85,15 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
                 f"at most one batch sampler can compose batches; got {', '.join(samplers)}: "
                 "select one of them"
             )
-        self.sampler: BatchSampler | None = self.algorithms[samplers[0]] if samplers else None
+        self.sampler: BatchSampler | None = (
+            cast(BatchSampler, self.algorithms[samplers[0]]) if samplers else None)
         #: per policy, its advantage estimator, and whether it has a batch stage
         self.estimators = {p: _estimator(registry, p, settings.advantage(p))
                            for p in self.policies}
         self.batch_stages = {p: has_batch_stage(e) for p, e in self.estimators.items()}
 
         self.store = Store(settings.store_path, settings.synchronous)
-        self.counters: Counter = Counter()
+        self.counters: Counter[str] = Counter()
         self.versions = dict.fromkeys(self.policies, 0)
         self.nodes: dict[str, NodeRec] = {}
         self.tasks: dict[str, TaskRec] = {}  # not yet done
@@ -109,7 +111,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         self.batches: dict[str, BatchRec] = {}
         self.acked: set[str] = set()
         #: accepted items per policy whose commit is under way (not yet in ``fresh``)
-        self._committing: Counter = Counter()
+        self._committing: Counter[str] = Counter()
         self.next_item = 1
         self.next_seq = 1
         self.epoch = 0
@@ -126,7 +128,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         #: the dashboard's series (steps, staleness, evaluations, refreshes)
         self.timeline = Timeline()
         #: per policy, how often admission control issued nothing, by reason
-        self.refusals: dict[str, Counter] = {p: Counter() for p in self.policies}
+        self.refusals: dict[str, Counter[str]] = {p: Counter() for p in self.policies}
         #: per policy, the steps its trainer said it has still to take (at its last ack)
         self.steps_left: dict[str, int] = {}
         self.started_at = time.time()
@@ -141,7 +143,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
         #: set (and replaced) when a policy's new version is durable: wakes only the
         #: version long-polls, which every lease and submission would otherwise wake
         self._new_version: asyncio.Event | None = None
-        self._reaper: asyncio.Task | None = None
+        self._reaper: asyncio.Task[Any] | None = None
         self._policy_locks: dict[str, asyncio.Lock] = {}
 
     # ---- life cycle ------------------------------------------------------------------
@@ -168,12 +170,14 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
             "SELECT task_id, task, state, attempt, node_id, deadline, seq FROM tasks "
             "WHERE state != 'done' ORDER BY seq"
         ):
-            rec = TaskRec(row[0], json.loads(row[1]), *row[2:])
-            self.tasks[rec.task_id] = rec
-            if rec.state == "pending":
-                self.ready.append(rec.task_id)
+            task = TaskRec(row[0], json.loads(row[1]), *row[2:])
+            self.tasks[task.task_id] = task
+            if task.state == "pending":
+                self.ready.append(task.task_id)
             else:
-                heapq.heappush(self.expiry, (rec.deadline, rec.task_id, rec.attempt))
+                # a leased task has its deadline
+                deadline = cast(float, task.deadline)
+                heapq.heappush(self.expiry, (deadline, task.task_id, task.attempt))
         self.done = {r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE state = 'done'")}
         self.next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
         self._load_payloads()
@@ -186,15 +190,15 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
             self.next_item = item_id + 1
             if policy not in self.policies:
                 continue
-            rec = ItemRec(item_id, policy, task_id, group_id, min_version, tuple(loc),
+            item = ItemRec(item_id, policy, task_id, group_id, min_version, tuple(loc),
                           pool or UNKNOWN_POOL)
             if state == FRESH:
-                self.fresh[policy][item_id] = rec
+                self.fresh[policy][item_id] = item
             elif state == SERVED:
                 served.setdefault(batch_id, []).append(item_id)
-                self.in_batches[item_id] = rec
+                self.in_batches[item_id] = item
             else:
-                self.replayable[policy][item_id] = rec
+                self.replayable[policy][item_id] = item
         for (batch_id, policy, trainer_id, state, version, replay, created,
              advantages) in conn.execute(
             "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at, "
@@ -203,13 +207,13 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
             if state == "acked":
                 self.acked.add(batch_id)
                 continue
-            rec = BatchRec(
+            batch = BatchRec(
                 batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
                 version, created,
                 {int(i): a for i, a in json.loads(advantages).items()} if advantages else None,
             )
-            self.outstanding.setdefault((policy, trainer_id), []).append(rec)
-            self.batches[batch_id] = rec
+            self.outstanding.setdefault((policy, trainer_id), []).append(batch)
+            self.batches[batch_id] = batch
         for name, state in conn.execute("SELECT name, state FROM plugin_state"):
             if name in self.algorithms:
                 self.algorithms[name].load_state_dict(json.loads(state))
@@ -238,7 +242,7 @@ class DataflowService(NodesMixin, LeasingMixin, IntakeMixin, BatchesMixin, Versi
             log_.release(locs)
             log.info("moved %d payloads from the database into the payload log", len(legacy))
         referenced = {seg for (seg,) in conn.execute("SELECT DISTINCT seg FROM items")}
-        lost: Counter = Counter()
+        lost: Counter[str] = Counter()
         bad: list[int] = []
         if log_.recovering or not referenced <= set(log_.segments_on_disk()):
             for item_id, policy, *loc in conn.execute(
@@ -348,4 +352,5 @@ def _estimator(registry: Registry, policy: str, name: str) -> AdvantageEstimator
         raise ConfigError(missing_option_message(registry, "advantage_estimator", name,
                                                  key=f"policies.{policy}.advantage"))
     entry = entries[name]
-    return entry.create(typed_config(entry.config_cls, None))
+    estimator: AdvantageEstimator = entry.create(typed_config(entry.config_cls, None))
+    return estimator

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -310,8 +311,11 @@ class WorkflowContract(_OptionContract):
         from astraflow.testing.scripted import ScriptedPolicy
 
         roles = type(workflow).roles_for(config)
-        policies = {role: ScriptedPolicy(role, workflow.tokenizer,
-                                         lambda _, r=role: self.replies.get(r, "2"))
+
+        def reply(role: str) -> Callable[[str], str]:
+            return lambda _: self.replies.get(role, "2")
+
+        policies = {role: ScriptedPolicy(role, workflow.tokenizer, reply(role))
                     for role in roles}
         task = Task("contract-1", "1+1=", "2", metadata={"group_id": "g1"})
         trajs = asyncio.run(workflow.run(task, policies, self.group_size))
