@@ -70,7 +70,14 @@ def _signature(obj: Any) -> str:
         text = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
-    return re.sub(r" object at 0x[0-9a-f]+", "", text)  # a default's repr: no address
+    return _plain_names(re.sub(r" object at 0x[0-9a-f]+", "", text))  # no address
+
+
+def _plain_names(annotation: str) -> str:
+    """An annotation without module qualifiers (``shared_prefix.SharedPrefix`` and
+    ``SharedPrefix`` are one type to a plugin), so spelling an import otherwise is no
+    change of the API."""
+    return re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Za-z_])", "", annotation)
 
 
 def _ours(obj: Any) -> bool:
@@ -87,7 +94,7 @@ def _class_shape(cls: type) -> dict[str, Any]:
     shape: dict[str, Any] = {"bases": [b.__name__ for b in cls.__mro__[1:-1]]}
     if dataclasses.is_dataclass(cls):
         shape["fields"] = {
-            f.name: f"{f.type} = {_default(f)}" for f in dataclasses.fields(cls)}
+            f.name: _plain_names(f"{f.type} = {_default(f)}") for f in dataclasses.fields(cls)}
     members = {}
     for name in sorted(dir(cls)):
         if name.startswith("_") and name not in ("__init__", "__call__"):
