@@ -22,14 +22,20 @@ Built-in implementations are registered through these same hooks by
 :mod:`astraflow.builtins`.
 """
 
+from collections.abc import Callable
+
 import pluggy
+
+#: the callback each hook is given: ``register(name, factory, config_cls=None, *,
+#: description="", check=None)``
+Register = Callable[..., None]
 
 hookspec = pluggy.HookspecMarker("astraflow")
 hookimpl = pluggy.HookimplMarker("astraflow")
 
 
 @hookspec
-def astraflow_register_rollout_backends(register):
+def astraflow_register_rollout_backends(register: Register) -> None:
     """Register rollout backends (config group ``raas``).
 
     A rollout backend wraps one inference engine for a RaaS node: start it, generate
@@ -39,7 +45,7 @@ def astraflow_register_rollout_backends(register):
 
 
 @hookspec
-def astraflow_register_trainer_backends(register):
+def astraflow_register_trainer_backends(register: Register) -> None:
     """Register trainer backends (config group ``trainer``).
 
     A trainer backend owns one policy's model and optimiser: train step, per-token
@@ -49,7 +55,7 @@ def astraflow_register_trainer_backends(register):
 
 
 @hookspec
-def astraflow_register_task_selectors(register):
+def astraflow_register_task_selectors(register: Register) -> None:
     """Register data algorithms for the before-rollout point (config group ``data``).
 
     A task selector decides which tasks are issued to rollout nodes (GRESO,
@@ -58,7 +64,7 @@ def astraflow_register_task_selectors(register):
 
 
 @hookspec
-def astraflow_register_trajectory_filters(register):
+def astraflow_register_trajectory_filters(register: Register) -> None:
     """Register data algorithms for the after-rollout point (config group ``data``).
 
     A trajectory filter sees each completed group and keeps or drops it (dynamic
@@ -67,7 +73,7 @@ def astraflow_register_trajectory_filters(register):
 
 
 @hookspec
-def astraflow_register_batch_samplers(register):
+def astraflow_register_batch_samplers(register: Register) -> None:
     """Register data algorithms for the batch-serving point (config group ``data``).
 
     A batch sampler composes the batch a trainer receives (replay, mixing,
@@ -76,7 +82,7 @@ def astraflow_register_batch_samplers(register):
 
 
 @hookspec
-def astraflow_register_workflows(register):
+def astraflow_register_workflows(register: Register) -> None:
     """Register agentic workflows (config group ``workflow``).
 
     A workflow turns one task into trajectories using named policy handles,
@@ -85,7 +91,7 @@ def astraflow_register_workflows(register):
 
 
 @hookspec
-def astraflow_register_tasks(register):
+def astraflow_register_tasks(register: Register) -> None:
     """Register task sources (config group ``task``).
 
     A task source yields training tasks and a held-out evaluation split.
@@ -94,7 +100,7 @@ def astraflow_register_tasks(register):
 
 
 @hookspec
-def astraflow_register_rewards(register):
+def astraflow_register_rewards(register: Register) -> None:
     """Register reward functions (config group ``reward``).
 
     A reward scores a completion against a task (float, or a dict with a ``score`` and
@@ -105,7 +111,7 @@ def astraflow_register_rewards(register):
 
 
 @hookspec
-def astraflow_register_loggers(register):
+def astraflow_register_loggers(register: Register) -> None:
     """Register metric loggers (config group ``logger``; several may be selected:
     ``logger=[tensorboard,wandb]``).
 
@@ -116,7 +122,7 @@ def astraflow_register_loggers(register):
 
 
 @hookspec
-def astraflow_register_advantage_estimators(register):
+def astraflow_register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators (no config group: each policy selects one with
     ``policies.<name>.advantage=NAME``; the default is ``grpo``).
 

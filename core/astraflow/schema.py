@@ -75,7 +75,7 @@ def _fields(node: Any, schema: type, prefix: str):
         return
     hints = typing.get_type_hints(schema)
     declared = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node:
+    for key in map(str, node):
         path = f"{prefix}{key}"
         if key not in declared:
             yield path, None, None
@@ -86,11 +86,11 @@ def _fields(node: Any, schema: type, prefix: str):
             continue
         yield path, declared[key], value
         hint = _unoptional(hints[key])
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             yield from _fields(value, hint, f"{path}.")
         elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
             for sub_key, sub in (value.items() if isinstance(value, DictConfig) else ()):
-                yield from _fields(sub, typing.get_args(hint)[1], f"{path}.{sub_key}.")
+                yield from _fields(sub, typing.get_args(hint)[1], f"{path}.{sub_key!s}.")
 
 
 def _unoptional(hint: Any) -> Any:

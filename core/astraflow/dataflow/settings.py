@@ -28,8 +28,8 @@ _RUN = {f.name: f for f in dataclasses.fields(AstraFlowConfig)}
 _DATAFLOW = {f.name: f for f in dataclasses.fields(DataflowConfig)}
 _STALENESS = next(f for f in dataclasses.fields(PolicyConfig) if f.name == "max_staleness")
 #: the advantage estimator of a policy the settings name none for
-DEFAULT_ADVANTAGE: str = next(
-    f for f in dataclasses.fields(PolicyConfig) if f.name == "advantage").default
+DEFAULT_ADVANTAGE: str = str(next(
+    f for f in dataclasses.fields(PolicyConfig) if f.name == "advantage").default)
 ORDERS = _DATAFLOW["order"].metadata["astraflow"]["choices"]
 
 
@@ -48,7 +48,7 @@ class DataflowSettings:
 
     store: str
     policies: dict[str, int] = field(
-        default_factory=lambda: {"policy": _STALENESS.default})
+        default_factory=lambda: {"policy": int(_STALENESS.default)})  # type: ignore[arg-type]
     advantages: dict[str, str] = field(default_factory=dict)
     group_size: int = like(_RUN["group_size"])
     batch_size: int = like(_RUN["batch_size"])
