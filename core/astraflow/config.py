@@ -12,6 +12,7 @@ import difflib
 import os
 import re
 import typing
+from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
@@ -31,8 +32,7 @@ from astraflow.schema import (  # noqa: F401  (astraflow.config.setting: the plu
     DataflowConfig,
     ModelConfig,
     PolicyConfig,
-    _unknown_keys,
-    check_relations,
+    check,
     check_values,
     setting,
 )
@@ -172,9 +172,8 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 def validate(cfg: DictConfig, registry: Registry) -> None:
     """Reject keys no schema declares, including ones appended with ``+key=value``, and
     values outside what a schema's :func:`setting` accepts."""
-    unknown = _unknown_keys(cfg, AstraFlowConfig, "")
-    wrong = check_values(cfg, AstraFlowConfig)
-    wrong += [] if wrong else check_relations(cfg, AstraFlowConfig)
+    checks: list[tuple[Any, type, str]] = [(cfg, AstraFlowConfig, "")]
+    wrong = []
     for group, kinds in GROUP_KINDS.items():
         node = cfg.get(group)
         if node is None:
@@ -187,19 +186,19 @@ def validate(cfg: DictConfig, registry: Registry) -> None:
                 raise ConfigError(missing_option_message(registry, kinds[0], str(name)))
             if entry.config_cls is not None:
                 prefix = f"{group}.{name}." if group in MULTI_GROUPS else f"{group}."
-                unknown += _unknown_keys(sub, entry.config_cls, prefix)
-                problems = check_values(sub, entry.config_cls, prefix)
-                wrong += problems or check_relations(sub, entry.config_cls)
-    wrong += _unknown_estimators(cfg, registry)
+                checks.append((sub, entry.config_cls, prefix))
     launcher = cfg.get("launcher")
     if launcher is not None and launcher.get("kind") not in LAUNCHERS:
         wrong.append(f"launcher.kind={launcher.get('kind')}: choose "
                      + " or ".join(LAUNCHERS))
     elif launcher is not None:
-        schema = LAUNCHERS[launcher.kind]
-        unknown += _unknown_keys(launcher, schema, "launcher.")
-        problems = check_values(launcher, schema, "launcher.")
-        wrong += problems or check_relations(launcher, schema)
+        checks.append((launcher, LAUNCHERS[launcher.kind], "launcher."))
+    unknown = []
+    for node, schema, prefix in checks:
+        keys, problems = check(node, schema, prefix)
+        unknown += keys
+        wrong += problems
+    wrong += _unknown_estimators(cfg, registry)
     if unknown:
         raise ConfigError("; ".join(unknown_key_message(cfg, key) for key in unknown))
     if wrong:

@@ -102,15 +102,31 @@ def _unoptional(hint: Any) -> Any:
     return hint
 
 
+def value_problem(path: str, value: Any, f: dataclasses.Field | None) -> str | None:
+    """``path=value: why`` when the :func:`setting` ``f`` refuses ``value``, else None."""
+    limits = f.metadata.get("astraflow") if f is not None else None
+    why = _value_problem(value, limits) if limits else None
+    return f"{path}={value}: {why}" if why else None
+
+
+def check(node: Any, schema: type, prefix: str = "") -> tuple[list[str], list[str]]:
+    """One walk over ``node`` under ``schema``: the keys it does not declare, and the
+    values its settings refuse or, when every value is in range, what its
+    ``relations`` refuse."""
+    unknown, wrong = [], []
+    for path, f, value in _fields(node, schema, prefix):
+        if f is None:
+            unknown.append(path)
+        elif problem := value_problem(path, value, f):
+            wrong.append(problem)
+    return unknown, wrong or check_relations(node, schema)
+
+
 def check_values(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Every value of ``node`` outside what its ``schema``'s :func:`setting` accepts, as
     ``key=value: why``."""
-    out = []
-    for path, f, value in _fields(node, schema, prefix):
-        limits = f.metadata.get("astraflow") if f is not None else None
-        if limits and (why := _value_problem(value, limits)):
-            out.append(f"{path}={value}: {why}")
-    return out
+    return [problem for path, f, value in _fields(node, schema, prefix)
+            if (problem := value_problem(path, value, f))]
 
 
 def check_relations(node: Any, schema: type) -> list[str]:
@@ -123,17 +139,8 @@ def check_relations(node: Any, schema: type) -> list[str]:
 def check_instance(obj: Any, prefix: str = "") -> list[str]:
     """:func:`check_values` for a dataclass instance (settings built in code, not
     composed)."""
-    out = []
-    for f in dataclasses.fields(obj):
-        limits = f.metadata.get("astraflow")
-        value = getattr(obj, f.name)
-        if limits and (why := _value_problem(value, limits)):
-            out.append(f"{prefix}{f.name}={value}: {why}")
-    return out
-
-
-def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
-    return [path for path, f, _ in _fields(node, schema, prefix) if f is None]
+    return [problem for f in dataclasses.fields(obj)
+            if (problem := value_problem(f"{prefix}{f.name}", getattr(obj, f.name), f))]
 
 
 @dataclass

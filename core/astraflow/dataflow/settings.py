@@ -22,6 +22,7 @@ from astraflow.schema import (
     check_instance,
     like,
     setting,
+    value_problem,
 )
 
 _RUN = {f.name: f for f in dataclasses.fields(AstraFlowConfig)}
@@ -75,8 +76,9 @@ class DataflowSettings:
         if not self.policies:
             raise ConfigError("dataflow needs at least one policy")
         wrong = check_instance(self, "dataflow.") + [
-            f"policies.{name}.{problem}" for name, staleness in self.policies.items()
-            for problem in check_instance(_Staleness(int(staleness)))]
+            problem for name, staleness in self.policies.items()
+            if (problem := value_problem(f"policies.{name}.max_staleness", int(staleness),
+                                         _STALENESS))]
         wrong += [f"advantages names {name!r}, which is not a policy of this run "
                   f"({', '.join(self.policies)})"
                   for name in self.advantages if name not in self.policies]
@@ -91,11 +93,6 @@ class DataflowSettings:
     @property
     def store_path(self) -> Path:
         return Path(self.store)
-
-
-@dataclass
-class _Staleness:
-    max_staleness: int = like(_STALENESS)
 
 
 def _plain(node: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from astraflow.schema import _unknown_keys, check_values, setting
+from astraflow.schema import check, setting
 
 
 @dataclass
@@ -118,11 +118,12 @@ class RayLauncherConfig:
                 out.append(f"{where}={pool}: a pool is a map of its settings")
                 continue
             names = sorted(f.name for f in dataclasses.fields(PoolConfig))
-            for key in _unknown_keys(pool, PoolConfig, f"{where}."):
+            unknown, problems = check(pool, PoolConfig, f"{where}.")
+            for key in unknown:
                 near = difflib.get_close_matches(key.rpartition(".")[2], names, n=1)
                 out.append(f"{key} is not a setting; a pool has: {', '.join(names)}"
                            + (f" (did you mean {near[0]}?)" if near else ""))
-            out += check_values(pool, PoolConfig, f"{where}.")
+            out += problems
             if problem := _resources_problem(f"{where}.resources", pool.get("resources")):
                 out.append(problem)
         return out
