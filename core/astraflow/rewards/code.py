@@ -23,6 +23,7 @@ taken only from a line marked with a random nonce, so the cheap forgeries -- pri
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ from typing import Any
 from astraflow.contracts import Reward
 from astraflow.errors import ConfigError
 from astraflow.rewards.base import RewardConfig
-from astraflow.sandbox import NETWORK_MODES, Sandbox, SandboxConfig
-from astraflow.schema import setting
+from astraflow.sandbox import Sandbox, SandboxConfig
+from astraflow.schema import like, setting
 from astraflow.types import Task
 
 #: the last fenced python block: models often show a draft before their final answer
@@ -69,6 +70,9 @@ _astraflow_tests({program!r}, {tests!r}, {nonce!r})
 """
 
 
+_SANDBOX = {f.name: f for f in dataclasses.fields(SandboxConfig)}
+
+
 @dataclass
 class CodeRewardConfig(RewardConfig):
     """``run_timeout`` is the sandbox's wall-clock limit for the program and all its tests.
@@ -79,12 +83,13 @@ class CodeRewardConfig(RewardConfig):
 
     name: str = "code"
     timeout: float = setting(600.0, gt=0)
-    run_timeout: float = setting(5.0, gt=0)
-    memory_mb: int = setting(512, ge=1)
-    concurrency: int = setting(4, ge=1)
-    max_processes: int = setting(32, ge=1)
-    max_output_bytes: int = setting(65536, ge=1)
-    network: str = setting("auto", choices=NETWORK_MODES)
+    # the sandbox's own settings, with its defaults and ranges
+    run_timeout: float = like(_SANDBOX["timeout"])
+    memory_mb: int = like(_SANDBOX["memory_mb"])
+    concurrency: int = like(_SANDBOX["concurrency"])
+    max_processes: int = like(_SANDBOX["max_processes"])
+    max_output_bytes: int = like(_SANDBOX["max_output_bytes"])
+    network: str = like(_SANDBOX["network"])
     partial_credit: bool = True
 
     @staticmethod
