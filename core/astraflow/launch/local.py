@@ -126,7 +126,7 @@ class LocalRun:
     def start_preloader(self) -> None:
         """With ``launcher.preload``: the parent that components are forked from, started
         importing now (see :mod:`astraflow.launch.preload`)."""
-        if not self.cfg.launcher.get("preload", False):
+        if not self.cfg.launcher.get("preload", False):  # launcher=ray has none
             if self.preloader is not None:  # started early, before the config said no
                 self.preloader.close()
                 self.preloader = None
@@ -236,7 +236,7 @@ class LocalRun:
 
     def start_node(self, index: int) -> Child:
         extra = self.sync_args(self.cfg.num_nodes)
-        throttles = list(self.cfg.launcher.get("node_throttle") or [1.0])
+        throttles = list(self.cfg.launcher.get("node_throttle") or [1.0])  # launcher=ray: none
         return self.spawn(f"raas-{index}", "raas", *self.component_args(),
                           "--name", f"node-{index}", "--concurrency",
                           str(self.cfg.node_concurrency),
@@ -255,7 +255,7 @@ class LocalRun:
     def supervise(self) -> None:
         """Restart every component that died unexpectedly, up to ``launcher.max_restarts``
         times each; beyond that the run fails, naming the component and its log."""
-        limit = int(self.cfg.launcher.get("max_restarts", 3))
+        limit = int(self.cfg.launcher.max_restarts)
         if self.preloader is not None:  # a subreaper adopts orphans it must reap
             preload.reap_orphans({c.proc.pid for c in self.children.values()}
                                  | self.preloader.known())

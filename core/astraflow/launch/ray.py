@@ -24,13 +24,13 @@ shared file system, but every machine reads ``model.path`` and the task's files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 
 from astraflow.errors import ConfigError
 from astraflow.launch.local import Child, LocalRun
+from astraflow.launch.options import PoolConfig
 from astraflow.launch.ray_actor import WORK, RayProc, component_actor
 from astraflow.security import TOKEN_ENV
 
@@ -72,19 +73,15 @@ def _free_port(host: str) -> int:
 
 
 def pool_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
-    """``launcher.pools`` with every key filled in; none: one pool "default" of
-    ``num_nodes`` nodes of one CPU each."""
+    """``launcher.pools`` with every key filled in (:class:`PoolConfig`'s defaults; the
+    config's check refused anything else); none: one pool "default" of ``num_nodes``
+    nodes of one CPU each."""
     out = {}
-    keys = ("nodes", "num_cpus", "num_gpus", "resources")
-    for name, pool in (cfg.launcher.get("pools") or {}).items():
-        unknown = sorted(set(pool) - set(keys)) if isinstance(pool, Mapping) else []
-        if unknown or not isinstance(pool, Mapping):
-            raise ConfigError(f"launcher.pools.{name}: {', '.join(map(str, unknown)) or pool} "
-                              f"is not a pool setting; a pool has: {', '.join(keys)}")
-        out[str(name)] = {"nodes": int(pool.get("nodes", 1)),
-                          "num_cpus": float(pool.get("num_cpus", 1)),
-                          "num_gpus": float(pool.get("num_gpus", 0)),
-                          "resources": dict(pool.get("resources") or {})}
+    for name, given in (cfg.launcher.pools or {}).items():
+        pool = {**dataclasses.asdict(PoolConfig()), **given}
+        out[str(name)] = {"nodes": int(pool["nodes"]), "num_cpus": float(pool["num_cpus"]),
+                          "num_gpus": float(pool["num_gpus"]),
+                          "resources": dict(pool["resources"] or {})}
     if not out:
         out["default"] = {"nodes": int(cfg.num_nodes), "num_cpus": 1.0, "num_gpus": 0.0,
                           "resources": {}}
@@ -97,7 +94,7 @@ def connect(ray: Any, cfg: DictConfig) -> None:
     if ray.is_initialized():
         return
     launcher = cfg.launcher
-    address = launcher.get("address") or None
+    address = launcher.address or None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "configure_logging": False}
     if address is None:  # a cluster of this machine, for this run
@@ -105,7 +102,7 @@ def connect(ray: Any, cfg: DictConfig) -> None:
         nodes = sum(p["num_cpus"] * p["nodes"] for p in pools.values())
         trainers = len(cfg.get("policies") or {"policy": None})
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(nodes + trainers + 1))
-        kwargs["resources"] = dict(launcher.get("local_resources") or {})
+        kwargs["resources"] = dict(launcher.local_resources or {})
     try:
         ray.init(address=address, **kwargs)
     except ray.exceptions.AuthenticationError:
@@ -138,7 +135,7 @@ class RayRun(LocalRun):
         self.pools = pool_settings(self.cfg)
         connect(self.ray, self.cfg)
         self.actor_cls = component_actor(self.ray)
-        self.work = work_root(self.run_dir, self.cfg.launcher.get("work_dir"))
+        self.work = work_root(self.run_dir, self.cfg.launcher.work_dir)
         self.config_text = (self.run_dir / "config.yaml").read_text()
 
     def _placement(self, name: str) -> dict[str, Any]:
@@ -147,10 +144,9 @@ class RayRun(LocalRun):
             pool = self.pools[self.pool_of(name)]
             return {k: pool[k] for k in ("num_cpus", "num_gpus", "resources")}
         kind = name.split("-", 1)[0]  # dataflow | trainer | eval
-        spec = launcher.get({"eval": "evaluator"}.get(kind, kind)) or {}
-        return {"num_cpus": float(spec.get("num_cpus", 1 if kind == "trainer" else 0)),
-                "num_gpus": float(spec.get("num_gpus", 0)),
-                "resources": dict(spec.get("resources") or {})}
+        spec = launcher[{"eval": "evaluator"}.get(kind, kind)]
+        return {"num_cpus": float(spec.num_cpus), "num_gpus": float(spec.num_gpus),
+                "resources": dict(spec.resources or {})}
 
     @staticmethod
     def pool_of(name: str) -> str:
@@ -165,7 +161,7 @@ class RayRun(LocalRun):
         env = {TOKEN_ENV: self.token,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         placement = self._placement(name)
-        restarts = int(self.cfg.launcher.get("max_restarts", 3))
+        restarts = int(self.cfg.launcher.max_restarts)
         actor = self.actor_cls.options(
             name=None, max_restarts=restarts, max_task_retries=0,
             num_cpus=placement["num_cpus"], num_gpus=placement["num_gpus"],
@@ -267,7 +263,7 @@ class RayRun(LocalRun):
         child = self.spawn("dataflow", "dataflow", "--host", self.cfg.dataflow.host,
                            "--port", port, "--store", str(self.run_dir / "store"),
                            "--config", str(self.run_dir / "config.yaml"))
-        deadline = time.time() + float(self.cfg.launcher.get("start_timeout", 300))
+        deadline = time.time() + float(self.cfg.launcher.start_timeout)
         actor = child.proc.actor  # type: ignore[union-attr]
         while True:
             with contextlib.suppress(self.ray.exceptions.RayError):
@@ -369,7 +365,7 @@ class RayRun(LocalRun):
     def supervise(self) -> None:
         """Ray restarts what crashed after it got to work; a component that failed in
         set-up, or that Ray gave up on, stops the run."""
-        limit = int(self.cfg.launcher.get("max_restarts", 3))
+        limit = int(self.cfg.launcher.max_restarts)
         self.copy_streams()
         for child in list(self.children.values()):
             proc: RayProc = child.proc  # type: ignore[assignment]
@@ -404,7 +400,7 @@ class RayRun(LocalRun):
                 from ray.autoscaler.sdk import request_resources
 
                 request_resources(bundles=[])
-        if self.collected and not self.cfg.launcher.get("keep_work_dir", False):
+        if self.collected and not self.cfg.launcher.keep_work_dir:
             # a run that failed keeps them: its store and checkpoints are evidence
             self.copy_streams(chosen, final=True)
             for child in chosen:  # one after the other: the last removes the run's
@@ -430,7 +426,7 @@ class RayRun(LocalRun):
         self.released.add(child.name)
         self.copy_streams([child], final=True)
         with contextlib.suppress(Exception):
-            if not self.cfg.launcher.get("keep_work_dir", False):
+            if not self.cfg.launcher.keep_work_dir:
                 self.ray.get(child.proc.actor.remove_work.remote(), timeout=60)  # type: ignore[union-attr]
             child.proc.kill()
 
@@ -445,7 +441,7 @@ def run(cfg: DictConfig) -> int:
     import_ray()
     pool_settings(cfg)  # a mistyped pool setting
     check_trainer_gpus(cfg)
-    check_address(cfg.launcher.get("address"))
+    check_address(cfg.launcher.address)
     return run_with(cfg, job_cls=RayRun)
 
 
@@ -453,7 +449,7 @@ def check_trainer_gpus(cfg: DictConfig) -> None:
     """A trainer of several ranks on GPUs takes one GPU a rank: its actor must ask Ray
     for exactly that many (none trains on CPUs), or ranks would share a GPU or miss one."""
     world = int(cfg.trainer.get("world_size", 1) or 1)
-    gpus = float((cfg.launcher.get("trainer") or {}).get("num_gpus", 0) or 0)
+    gpus = float(cfg.launcher.trainer.num_gpus)
     if gpus and gpus != world:
         raise ConfigError(f"launcher.trainer.num_gpus={gpus:g} but trainer.world_size={world}: "
                           f"each rank of the trainer takes one GPU; set "
