@@ -151,7 +151,29 @@ def create_app(settings: DataflowSettings, token: str,
         check_token(authorization)
 
     r = APIRouter(dependencies=[Depends(authenticated)])
+    for add_routes in (_node_routes, _trajectory_routes, _batch_routes, _version_routes,
+                       _report_routes):
+        add_routes(r, service)
+    if settings.bench_echo:
+        _echo_route(r)
 
+    @r.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    app.include_router(r)
+    app.include_router(dashboard_router(service, token))
+    weights = _weights_router(settings, service, check_token)
+    if weights is not None:
+        app.include_router(weights)
+    for router in extra_routers:
+        app.include_router(router)
+    app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
+    _error_handlers(app)
+    return app
+
+
+def _node_routes(r: APIRouter, service: DataflowService) -> None:
     @r.get("/v1/health")
     async def health() -> dict[str, Any]:
         """Liveness: the service answers and its store is open."""
@@ -172,6 +194,8 @@ def create_app(settings: DataflowSettings, token: str,
         """Leave cleanly: the node's leases are re-issued at once."""
         return _reply(request, await service.leave(node_id))
 
+
+def _trajectory_routes(r: APIRouter, service: DataflowService) -> None:
     @r.post("/v1/leases", openapi_extra=_body_doc(LeaseIn))
     async def lease(request: Request) -> Response:
         """Lease up to max_tasks tasks (long-poll up to ``wait`` s); empty under backpressure."""
@@ -194,6 +218,8 @@ def create_app(settings: DataflowSettings, token: str,
         req = await _read(request, SubmitManyIn)
         return _reply(request, {"results": await service.submit_many(req.submissions)})
 
+
+def _batch_routes(r: APIRouter, service: DataflowService) -> None:
     @r.post("/v1/batches", openapi_extra=_body_doc(BatchIn),
             responses={204: {"description": "not enough trajectories before the timeout"}})
     async def get_batch(request: Request) -> Response:
@@ -214,6 +240,8 @@ def create_app(settings: DataflowSettings, token: str,
                                                        req.step_seconds, req.metrics,
                                                        req.steps_left))
 
+
+def _version_routes(r: APIRouter, service: DataflowService) -> None:
     @r.post("/v1/evals", openapi_extra=_body_doc(EvalIn))
     async def evals(request: Request) -> Response:
         """An evaluator's held-out scores of a policy version (the dashboard draws them)."""
@@ -229,7 +257,7 @@ def create_app(settings: DataflowSettings, token: str,
     @r.get("/v1/versions")
     async def versions(request: Request) -> Response:
         """The latest weight version of every policy."""
-        return _reply(request, dict(service.versions))
+        return _reply(request, service.versions.all())
 
     @r.post("/v1/versions/wait", openapi_extra=_body_doc(VersionsWaitIn))
     async def wait_versions(request: Request) -> Response:
@@ -238,6 +266,8 @@ def create_app(settings: DataflowSettings, token: str,
         req = await _read(request, VersionsWaitIn)
         return _reply(request, await service.wait_versions(req.have, req.wait))
 
+
+def _report_routes(r: APIRouter, service: DataflowService) -> None:
     @r.get("/v1/status")
     async def status(request: Request) -> Response:
         """Nodes, pools, versions, buffers and ledger counters."""
@@ -253,28 +283,22 @@ def create_app(settings: DataflowSettings, token: str,
         """Prometheus text exposition."""
         return PlainTextResponse(service.metrics(), media_type="text/plain; version=0.0.4")
 
-    if settings.bench_echo:  # a benchmark's surface only: it validates nothing
 
-        @r.post("/v1/echo")
-        async def echo(request: Request) -> Response:
-            """Read the body and answer its size: the stack's ceiling, for benchmarks.
+def _echo_route(r: APIRouter) -> None:
+    """A benchmark's surface only (``--bench-echo``): it validates nothing."""
 
-            It answers the way every route does (``_reply``), so the ceiling carries the
-            same per-request cost as a submission minus decoding, checking and storing.
-            """
-            return _reply(request, {"bytes": len(await request.body())})
+    @r.post("/v1/echo")
+    async def echo(request: Request) -> Response:
+        """Read the body and answer its size: the stack's ceiling, for benchmarks.
 
-    @r.get("/openapi.json", include_in_schema=False)
-    async def openapi() -> JSONResponse:
-        return JSONResponse(app.openapi())
+        It answers the way every route does (``_reply``), so the ceiling carries the
+        same per-request cost as a submission minus decoding, checking and storing.
+        """
+        return _reply(request, {"bytes": len(await request.body())})
 
-    app.include_router(r)
-    app.include_router(dashboard_router(service, token))
-    weights = _weights_router(settings, service, check_token)
-    if weights is not None:
-        app.include_router(weights)
-    for router in extra_routers:
-        app.include_router(router)
+
+def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The schema of the routes, with every request model the bodies are read as."""
 
     def build_openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -288,7 +312,11 @@ def create_app(settings: DataflowSettings, token: str,
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = build_openapi  # type: ignore[method-assign]
+    return build_openapi
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every refusal as a 4xx (or 5xx) whose ``detail`` says what is wrong."""
 
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
@@ -306,5 +334,3 @@ def create_app(settings: DataflowSettings, token: str,
     @app.exception_handler(sqlite3.Error)
     async def store_error(_request: Request, exc: sqlite3.Error) -> JSONResponse:
         return JSONResponse({"detail": f"store write failed: {exc}"}, status_code=503)
-
-    return app

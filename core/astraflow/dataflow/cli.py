@@ -25,7 +25,7 @@ def _advantage(text: str) -> tuple[str, str]:
     return name, estimator
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astraflow dataflow",
         description="Start the data layer (task leasing, trajectory buffers, batches). "
@@ -55,8 +55,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bench-echo", action="store_true", default=None,
                         help="mount POST /v1/echo, the ceiling bench/dataflow.py measures "
                         "against (never in a run: it validates nothing)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _settings(args: argparse.Namespace) -> DataflowSettings:
+    """The settings of ``--config`` or ``--store``, with the flags given on top."""
     if args.config:
         settings = settings_from_yaml(args.config, store=args.store)
     elif args.store:
@@ -82,6 +85,12 @@ def main(argv: list[str]) -> int:
     settings.advantages = {**{p: a for p, a in settings.advantages.items()
                               if p in settings.policies}, **dict(args.advantage or ())}
     settings.__post_init__()
+    return settings
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    settings = _settings(args)
     token = os.environ.get(TOKEN_ENV)
     if not token:
         token = resolve_token()

@@ -36,6 +36,24 @@ def _page(name: str) -> str:
     return (resources.files("astraflow.dataflow") / name).read_text()
 
 
+def _given_token(body: bytes, kind: str) -> str | Response:
+    """The token a login form or JSON body gives, or the refusal of a body that gives none."""
+    if len(body) > _LOGIN_BYTES:
+        return JSONResponse({"detail": "login body too large"}, status_code=413)
+    if kind == "application/x-www-form-urlencoded":
+        return parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
+    if kind != "application/json":
+        return JSONResponse({"detail": "content type must be a form or application/json"},
+                            status_code=415)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return JSONResponse({"detail": "body is not valid JSON"}, status_code=400)
+    if not isinstance(data, dict) or not isinstance(data.get("token"), str):
+        return JSONResponse({"detail": 'expected {"token": "..."}'}, status_code=422)
+    return str(data["token"])
+
+
 def dashboard_router(service: DataflowService, token: str) -> APIRouter:
     r = APIRouter()
     check_bearer = bearer_auth(token)
@@ -75,23 +93,10 @@ def dashboard_router(service: DataflowService, token: str) -> APIRouter:
 
     @r.post("/dashboard/login", include_in_schema=False)
     async def log_in(request: Request) -> Response:
-        body = await request.body()
-        kind = request.headers.get("content-type", "").split(";")[0].strip()
-        if len(body) > _LOGIN_BYTES:
-            return JSONResponse({"detail": "login body too large"}, status_code=413)
-        if kind == "application/x-www-form-urlencoded":
-            given = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
-        elif kind == "application/json":
-            try:
-                data = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                return JSONResponse({"detail": "body is not valid JSON"}, status_code=400)
-            if not isinstance(data, dict) or not isinstance(data.get("token"), str):
-                return JSONResponse({"detail": 'expected {"token": "..."}'}, status_code=422)
-            given = data["token"]
-        else:
-            return JSONResponse({"detail": "content type must be a form or application/json"},
-                                status_code=415)
+        given = _given_token(await request.body(),
+                             request.headers.get("content-type", "").split(";")[0].strip())
+        if isinstance(given, Response):
+            return given
         if not hmac.compare_digest(given.encode(), token.encode()):
             return login_page("That is not the run's token.", status=401)
         reply = RedirectResponse("/dashboard", status_code=303)

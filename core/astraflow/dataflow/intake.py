@@ -1,19 +1,24 @@
-"""Trajectories: submissions checked, filtered by the data algorithms,
-grouped, and committed to the buffers before they are acknowledged.
+"""Intake: a leased task's trajectories, accepted exactly once, as a pipeline of steps.
 
-A part of :class:`~astraflow.dataflow.service.DataflowService`: the state it reads and
-writes is set up there.
+check (the lease, the task, the policies, buffer room) -> group (by group and policy)
+-> algorithms (task selectors observe, trajectory filters keep or drop) -> advantages
+(the policy's estimator's group stage) -> rows (stale samples dropped, the rest
+written) -> commit (payloads to the log, rows to the store, then the reply).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
 import sqlite3
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
+from astraflow.dataflow.autoscale import AutoscaleWindow
+from astraflow.dataflow.ledger import Ledger
+from astraflow.dataflow.nodes import Nodes
+from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.records import (
     UNKNOWN_POOL,
     ItemRec,
@@ -22,231 +27,236 @@ from astraflow.dataflow.records import (
     pool_key,
     stale_key,
 )
-from astraflow.dataflow.store import FRESH
-from astraflow.dataflow.wire import (
-    CheckedTrajectory,
-    LeaseIn,
-    SubmitIn,
-    check_trajectories,
-)
-from astraflow.rewards.base import ERROR as REWARD_ERROR
-from astraflow.rewards.base import FAILED as REWARD_FAILED
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.signals import Signals
+from astraflow.dataflow.store import FRESH, Store
+from astraflow.dataflow.tasks import TaskQueue
+from astraflow.dataflow.timeline import Timeline
+from astraflow.dataflow.versions import Versions
+from astraflow.dataflow.wire import CheckedTrajectory, SubmitIn, check_trajectories
 from astraflow.types import Task, Trajectory
 
+Group = list[CheckedTrajectory]
 
-class IntakeMixin:
-    """Mixed into DataflowService (see the module's docstring)."""
 
-    def _lease_task(self, lease_id: str) -> TaskRec | None:
-        """The task a lease id names; None if that task is already done."""
-        task_id, sep, attempt = lease_id.rpartition("|")
-        if not sep or not attempt.isdigit():
-            raise ServiceError(422, f"lease_id {lease_id!r} is malformed: expected TASK|ATTEMPT")
-        if task_id in self.done:
-            return None
-        rec = self.tasks.get(task_id)
-        if rec is None:
-            raise ServiceError(404, f"lease {lease_id!r} names an unknown task")
-        if not 1 <= int(attempt) <= rec.attempt:
-            raise ServiceError(409, f"lease {lease_id!r} was never issued")
-        if rec.state == "done":  # a submission of it is committing: this one is a duplicate
-            return None
-        return rec
+@dataclass
+class Submission:
+    """One submission on its way through the pipeline."""
 
-    async def submit(self, req: SubmitIn) -> dict[str, Any]:
-        """Accept every policy's trajectories of one leased task, exactly once; then,
-        if asked, lease the node more tasks (one round trip per task for a busy node).
+    req: SubmitIn
+    task: TaskRec
+    checked: list[CheckedTrajectory]
+    #: policies whose trainers are gone and whose buffer is full: their samples go
+    overflow: set[str]
+    node_id: str | None = None
+    pool: str = UNKNOWN_POOL
+    #: what every accepted sample's metadata is stamped with
+    stamp: dict[str, Any] = field(default_factory=dict)
+    deltas: Counter[str] = field(default_factory=lambda: Counter(tasks_completed=1))
+    accepted: int = 0
+    filtered: int = 0
+    dropped: int = 0
+    #: the accepted items' (id, policy, task id, group id, min version, pool)
+    rows: list[tuple[int, str, str, str, int, str]] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
 
-        The leases never fail an accepted submission: a node the service no longer
-        knows gets none, and a reason, and registers again on its next lease call.
-        """
-        if req.lease is None:
-            return await self._accept(req)
-        if req.node_id is None:
-            raise ServiceError(422, "lease: leasing more tasks needs the node_id")
-        # both run up to their commit in this pass of the loop, so they share one
-        # transaction; the lease looks first whether the submission was refused
-        accept = asyncio.ensure_future(self._accept(req))
-        more = asyncio.ensure_future(self._lease_after(accept, LeaseIn(
-            node_id=req.node_id, max_tasks=req.lease.max_tasks, versions=req.lease.versions)))
-        try:
-            out = await accept
-        finally:
-            leases = await more
-        return {**out, **leases}
 
-    async def submit_many(self, reqs: list[SubmitIn]) -> list[dict[str, Any]]:
-        """Each submission as :meth:`submit` handles it alone, together so that they
-        share one store transaction; a refused one is answered with its error and
-        does not refuse the others."""
-        async def one(req: SubmitIn) -> dict[str, Any]:
-            try:
-                return await self.submit(req)
-            except ServiceError as exc:
-                return {"error": str(exc), "status_code": exc.status}
+@dataclass
+class Collaborators:
+    """What intake works with, named once."""
 
-        return list(await asyncio.gather(*(one(req) for req in reqs)))
+    settings: DataflowSettings
+    store: Store
+    counters: Counter[str]
+    tasks: TaskQueue
+    ledger: Ledger
+    nodes: Nodes
+    versions: Versions
+    algorithms: DataAlgorithms
+    advantages: Advantages
+    signals: Signals
+    pacing: Pacing
+    timeline: Timeline
+    autoscale: AutoscaleWindow
 
-    async def _lease_after(self, accept: asyncio.Future, req: LeaseIn) -> dict[str, Any]:
-        if accept.done() and (accept.cancelled() or accept.exception() is not None):
-            return {}
-        try:
-            return await self.lease(req)
-        except ServiceError as exc:
-            if exc.status != 404:
-                raise
-            return {"leases": [], "backpressure": {"*": str(exc)}}
 
-    def _group_stage(self, policy: str, members: list[CheckedTrajectory], rewards: list[float],
-                     failed: list[bool]) -> list[float]:
-        """One advantage per member of a group, from the policy's estimator's group
-        stage (``policies.<name>.advantage``); an agent's segments name their rollout."""
-        rollouts = [ct.metadata.get("rollout") for ct in members]
-        advantages = self.estimators[policy].group_advantages(
-            rewards, failed=failed,
-            rollouts=rollouts if any(r is not None for r in rollouts) else None,
-            rollout_rewards=[float(ct.metadata.get("rollout_reward", ct.reward))
-                             for ct in members])
-        if len(advantages) != len(members) or not all(map(math.isfinite, advantages)):
-            raise ServiceError(500, (
-                f"the advantage estimator of policy {policy!r} "
-                f"({self.settings.advantage(policy)}) returned {advantages!r} for a group "
-                f"of {len(members)}: one finite number per sample expected"))
-        return [float(a) for a in advantages]
+class Intake:
+    def __init__(self, parts: Collaborators) -> None:
+        self._p = parts
+        #: the first traceback of a failed reward per policy (for the console and metrics)
+        self.reward_errors: dict[str, str] = {}
+        #: when (epoch seconds) this process accepted its first trajectory per policy:
+        #: what start-up cost a run, until rollouts flowed
+        self.first_accepted: dict[str, float] = {}
 
-    async def _accept(self, req: SubmitIn) -> dict[str, Any]:
-        checked = check_trajectories(req.trajectories)
-        rec = self._lease_task(req.lease_id)
-        if rec is None:
-            self.counters["submissions_duplicate"] += 1
+    async def accept(self, req: SubmitIn) -> dict[str, Any]:
+        sub = self._check(req)
+        if sub is None:
+            self._p.counters["submissions_duplicate"] += 1
             return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
+        previous = self._p.tasks.reserve(sub.task)
+        self._stamp(sub)
+        for (group_id, policy), members in self._group(sub).items():
+            kept = self._algorithms(sub, policy, members)
+            if kept:
+                self._rows(sub, group_id, policy, members, self._advantages(policy, members))
+        items = await self._commit(sub, previous)
+        self._accepted(sub, items)
+        return {"status": "accepted", "task_id": sub.task.task_id, "accepted": sub.accepted,
+                "filtered": sub.filtered, "dropped_stale": sub.dropped}
+
+    # ---- the steps -------------------------------------------------------------------
+
+    def _check(self, req: SubmitIn) -> Submission | None:
+        """The submission checked against its lease and the buffers (None: a duplicate)."""
+        checked = check_trajectories(req.trajectories)
+        rec = self._p.tasks.leased_task(req.lease_id)
+        if rec is None:
+            return None
         for i, ct in enumerate(checked):
             if ct.task_id != rec.task_id:
                 raise ServiceError(
                     422, f"trajectories.{i}.task_id is {ct.task_id!r}, the lease is for "
                     f"{rec.task_id!r}"
                 )
-            self._policy(ct.policy)
-        incoming = Counter(ct.policy for ct in checked)
+            self._p.versions.check(ct.policy)
         overflow = set()
-        for policy, n in incoming.items():
-            if len(self.fresh[policy]) + n > self.settings.buffer_capacity:
-                if self._orphaned(policy):
+        capacity = self._p.settings.buffer_capacity
+        for policy, n in Counter(ct.policy for ct in checked).items():
+            buffered = self._p.ledger.buffered(policy)
+            if buffered + n > capacity:
+                if self._p.nodes.orphaned(policy):
                     overflow.add(policy)
                     continue
                 raise ServiceError(
-                    429, f"buffer of policy {policy!r} is full ({len(self.fresh[policy])} of "
-                    f"{self.settings.buffer_capacity}); retry after the trainer consumes"
+                    429, f"buffer of policy {policy!r} is full ({buffered} of {capacity}); "
+                    "retry after the trainer consumes"
                 )
-        previous_state = rec.state
-        rec.state = "done"  # reserved: a concurrent duplicate now sees the task as done
-        node_id = req.node_id or rec.node_id
-        node = self.nodes.get(node_id or "")
+        return Submission(req, rec, checked, overflow)
+
+    def _stamp(self, sub: Submission) -> None:
+        rec, now = sub.task, time.time()
+        sub.node_id = sub.req.node_id or rec.node_id
+        node = self._p.nodes.get(sub.node_id)
         labels = node.labels if node else {}
-        pool = labels.get("pool", UNKNOWN_POOL)
-        now = time.time()
-        stamp = {
+        sub.pool = labels.get("pool", UNKNOWN_POOL)
+        sub.stamp = {
             "task_type": rec.task.get("task_type", "default"),
             "source_task_id": rec.task.get("metadata", {}).get("source_task_id", rec.task_id),
-            "lease_id": req.lease_id,
-            "node_id": node_id,
-            "pool": pool,
+            "lease_id": sub.req.lease_id,
+            "node_id": sub.node_id,
+            "pool": sub.pool,
             "region": labels.get("region", "unknown"),
-            "leased_at": (rec.deadline or now) - self.settings.lease_seconds,
+            "leased_at": (rec.deadline or now) - self._p.settings.lease_seconds,
             "accepted_at": now,
         }
-        if self.selectors:
-            source_task = Task(**{**rec.task, "task_id": stamp["source_task_id"]})
-        groups: dict[tuple[str, str], list[CheckedTrajectory]] = {}
-        for ct in checked:
+
+    @staticmethod
+    def _group(sub: Submission) -> dict[tuple[str, str], Group]:
+        groups: dict[tuple[str, str], Group] = {}
+        for ct in sub.checked:
             groups.setdefault((ct.group_id, ct.policy), []).append(ct)
-        deltas = Counter(tasks_completed=1)
-        accepted = filtered = dropped = 0
-        rows: list[tuple] = []
-        payloads: list[bytes] = []
-        for (group_id, policy), members in groups.items():
-            rewards = [ct.reward for ct in members]
-            failed = [bool(ct.metadata.get(REWARD_FAILED)) for ct in members]
-            deltas[f"produced:{policy}"] += len(members)
-            deltas[pool_key("produced", policy, pool)] += len(members)
-            deltas[f"reward_failed:{policy}"] += sum(failed)
-            if any(failed) and policy not in self.reward_errors:
-                first = next(ct for ct, bad in zip(members, failed, strict=True) if bad)
-                self.reward_errors[policy] = str(first.metadata.get(REWARD_ERROR, ""))
-            for sel in self.selectors:
-                sel.observe_group(source_task, policy, rewards)
-            if self.filters:
-                group: list[Trajectory] = [ct.to_trajectory() for ct in members]
-                if not all(f.keep(group) for f in self.filters):
-                    deltas[f"filtered:{policy}"] += len(members)
-                    filtered += len(members)
-                    continue
-            if policy in overflow:
-                deltas[f"dropped_no_trainer:{policy}"] += len(members)
-                dropped += len(members)
-                continue
-            meta = {**stamp, "group_size": len(members)}
-            advantages = self._group_stage(policy, members, rewards, failed)
-            for ct, advantage in zip(members, advantages, strict=True):
-                if ct.min_version < 0:  # no trained token
-                    # a rollout that sampled nothing (an agent that failed before its
-                    # first call): counted above, in its group's baseline, never served
-                    deltas[f"filtered:{policy}"] += 1
-                    filtered += 1
-                    continue
-                if self._stale(policy, ct.min_version):
-                    deltas[f"dropped_stale:{policy}"] += 1
-                    deltas[stale_key(policy, pool)] += 1
-                    dropped += 1
-                    continue
-                rows.append((self.next_item, policy, rec.task_id, group_id, FRESH,
-                             ct.min_version, pool))
-                self.next_item += 1
-                payloads.append(ct.payload(advantage, {**ct.metadata, **meta}))
-                deltas[f"accepted:{policy}"] += 1
-                accepted += 1
-        plugins = self._plugin_updates()
-        # the payloads are written before the rows that point at them are committed
-        locs = self.store.payloads.append(payloads) if payloads else []
-        items = [ItemRec(*row[:4], row[5], loc, row[6])
-                 for row, loc in zip(rows, locs, strict=True)]
+        return groups
+
+    def _algorithms(self, sub: Submission, policy: str, members: Group) -> bool:
+        """Count the group, show it to the task selectors and the filters: whether its
+        samples go on (not filtered out, and their policy still trains)."""
+        n, d = len(members), sub.deltas
+        failed = sum(ct.reward_failed for ct in members)
+        d[f"produced:{policy}"] += n
+        d[pool_key("produced", policy, sub.pool)] += n
+        d[f"reward_failed:{policy}"] += failed
+        if failed and policy not in self.reward_errors:
+            first = next(ct for ct in members if ct.reward_failed)
+            self.reward_errors[policy] = first.reward_error or ""
+        algorithms = self._p.algorithms
+        if algorithms.selectors:
+            source_task = Task(**{**sub.task.task, "task_id": sub.stamp["source_task_id"]})
+            for sel in algorithms.selectors:
+                sel.observe_group(source_task, policy, [ct.reward for ct in members])
+        if algorithms.filters:
+            group: list[Trajectory] = [ct.to_trajectory() for ct in members]
+            if not all(f.keep(group) for f in algorithms.filters):
+                d[f"filtered:{policy}"] += n
+                sub.filtered += n
+                return False
+        if policy in sub.overflow:
+            d[f"dropped_no_trainer:{policy}"] += n
+            sub.dropped += n
+            return False
+        return True
+
+    def _advantages(self, policy: str, members: Group) -> list[float]:
+        rollouts = [ct.metadata.get("rollout") for ct in members]
+        return self._p.advantages.group(
+            policy, [ct.reward for ct in members], [ct.reward_failed for ct in members],
+            rollouts if any(r is not None for r in rollouts) else None,
+            [float(ct.metadata.get("rollout_reward", ct.reward)) for ct in members])
+
+    def _rows(self, sub: Submission, group_id: str, policy: str, members: Group,
+              advantages: list[float]) -> None:
+        d, meta = sub.deltas, {**sub.stamp, "group_size": len(members)}
+        for ct, advantage in zip(members, advantages, strict=True):
+            if ct.min_version < 0:  # no trained token
+                # a rollout that sampled nothing (an agent that failed before its first
+                # call): counted above, in its group's baseline, never served
+                d[f"filtered:{policy}"] += 1
+                sub.filtered += 1
+            elif self._p.versions.stale(policy, ct.min_version):
+                d[f"dropped_stale:{policy}"] += 1
+                d[stale_key(policy, sub.pool)] += 1
+                sub.dropped += 1
+            else:
+                sub.rows.append((self._p.ledger.new_item_id(), policy, sub.task.task_id,
+                                 group_id, ct.min_version, sub.pool))
+                sub.payloads.append(ct.payload(advantage, {**ct.metadata, **meta}))
+                d[f"accepted:{policy}"] += 1
+                sub.accepted += 1
+
+    async def _commit(self, sub: Submission, previous: str) -> list[ItemRec]:
+        """Payloads to the log, then the rows that point at them to the store."""
+        p, rows, task_id = self._p, sub.rows, sub.task.task_id
+        plugins = p.algorithms.updates()
+        locs = p.store.payloads.append(sub.payloads) if sub.payloads else []
+        items = [ItemRec(item_id, policy, task, group, min_version, loc, pool)
+                 for (item_id, policy, task, group, min_version, pool), loc
+                 in zip(rows, locs, strict=True)]
 
         def job(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "INSERT INTO items(id, policy, task_id, group_id, state, min_version, pool, "
                 "seg, off, len, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [row + loc for row, loc in zip(rows, locs, strict=True)],
+                [(i.id, i.policy, i.task_id, i.group_id, FRESH, i.min_version, i.pool, *i.loc)
+                 for i in items],
             )
-            conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (rec.task_id,))
-            self._save_plugins(conn, plugins)
+            conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (task_id,))
+            p.algorithms.save(conn, plugins)
 
         committing = Counter(item.policy for item in items)
-        self._committing.update(committing)  # admission control counts them meanwhile
+        p.ledger.begin_commit(committing)  # admission control counts them meanwhile
         try:
-            await self.store.run(job, deltas)
+            await p.store.run(job, sub.deltas)
         except Exception:
-            rec.state = previous_state
-            self.store.payloads.release(locs)
+            p.tasks.unreserve(sub.task, previous)
+            p.store.payloads.release(locs)
             raise
         finally:
-            self._committing.subtract(committing)
-        del self.tasks[rec.task_id]
-        self.done.add(rec.task_id)
-        self.counters.update(deltas)
-        for item in items:
-            self.fresh[item.policy][item.id] = item
-            self.first_accepted.setdefault(item.policy, time.time())
-        if accepted:
-            self.autoscale.produce(pool, accepted)
-        if node_id in self.nodes:
-            self.pacing.accepted(rec.task_id, node_id)
-            self.timeline.accept(node_id, accepted)
+            p.ledger.end_commit(committing)
+        return items
+
+    def _accepted(self, sub: Submission, items: list[ItemRec]) -> None:
+        """The submission is durable: the ledger, the counters and the series learn of it."""
+        p = self._p
+        p.tasks.complete(sub.task.task_id)
+        p.counters.update(sub.deltas)
+        p.ledger.add_fresh(items)
+        now = time.time()
         for policy in {i.policy for i in items}:
-            self._pulse_arrival(policy)
-        return {
-            "status": "accepted",
-            "task_id": rec.task_id,
-            "accepted": accepted,
-            "filtered": filtered,
-            "dropped_stale": dropped,
-        }
+            self.first_accepted.setdefault(policy, now)
+        if sub.accepted:
+            p.autoscale.produce(sub.pool, sub.accepted)
+        if p.nodes.get(sub.node_id) is not None:
+            p.pacing.accepted(sub.task.task_id, sub.node_id or "")
+            p.timeline.accept(sub.node_id, sub.accepted)
+        for policy in {i.policy for i in items}:
+            p.signals.pulse_arrival(policy)

@@ -1,44 +1,79 @@
-"""Nodes: registration, heartbeats, leaving, and the reaper that expires
-leases and retires silent nodes.
+"""Nodes: registration, heartbeats and leaving, of rollout nodes and trainers alike.
 
-A part of :class:`~astraflow.dataflow.service.DataflowService`: the state it reads and
-writes is set up there.
+A node that leaves, or misses its heartbeats, is retired: its leases go back to the
+task queue at once. A policy every trainer of which is gone is *orphaned*: admission
+gives it no budget and its surplus is dropped instead of refusing whole submissions.
 """
 
 from __future__ import annotations
 
-import asyncio
-import heapq
 import json
-import logging
 import sqlite3
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
-from astraflow.dataflow.records import (
-    STORE_ERRORS,
-    NodeRec,
-    ServiceError,
-)
-from astraflow.dataflow.state import ServiceState
+from astraflow.dataflow.records import NodeRec, ServiceError
+from astraflow.dataflow.signals import Signals
+from astraflow.dataflow.store import Store
+from astraflow.dataflow.tasks import TaskQueue
 from astraflow.dataflow.wire import RegisterIn
 
-log = logging.getLogger("astraflow.dataflow")
 
+class Nodes:
+    def __init__(self, store: Store, counters: Counter[str], tasks: TaskQueue,
+                 signals: Signals) -> None:
+        self._store, self._counters, self._tasks, self._signals = (
+            store, counters, tasks, signals)
+        self._nodes: dict[str, NodeRec] = {}
 
-class NodesMixin(ServiceState):
-    """Mixed into DataflowService (see the module's docstring)."""
+    def load(self, conn: sqlite3.Connection) -> None:
+        now = time.monotonic()
+        for node_id, kind, labels, state, registered_at in conn.execute(
+            "SELECT node_id, kind, labels, state, registered_at FROM nodes"
+        ):
+            # heartbeats are not persisted: a restart gives every live node a fresh grace period
+            self._nodes[node_id] = NodeRec(
+                node_id, kind, json.loads(labels), state, registered_at, now)
 
-    async def register(self, req: RegisterIn) -> dict[str, Any]:
+    def __iter__(self) -> Iterator[NodeRec]:
+        return iter(list(self._nodes.values()))
+
+    def get(self, node_id: str | None) -> NodeRec | None:
+        return self._nodes.get(node_id or "")
+
+    def active(self, node_id: str) -> NodeRec:
+        """The registered, active node ``node_id`` (404 if it is not)."""
+        node = self._nodes.get(node_id)
+        if node is None or node.state != "active":
+            state = "unknown" if node is None else node.state
+            raise ServiceError(404, f"node {node_id!r} is not registered ({state}): register again")
+        return node
+
+    def rollout_nodes(self) -> list[NodeRec]:
+        """The active rollout nodes."""
+        return [n for n in self._nodes.values() if n.kind == "raas" and n.state == "active"]
+
+    def pool_sizes(self) -> dict[str, int]:
+        return dict(Counter(n.labels.get("pool", "default") for n in self.rollout_nodes()))
+
+    def orphaned(self, policy: str) -> bool:
+        """Every trainer that ever served ``policy`` is gone (it left or went silent);
+        a policy whose trainer has not registered yet is not orphaned."""
+        trainers = [n for n in self._nodes.values()
+                    if n.kind == "trainer" and policy in n.labels.get("policies", [])]
+        return bool(trainers) and all(n.state != "active" for n in trainers)
+
+    async def register(self, req: RegisterIn) -> NodeRec:
         node_id = req.node_id or f"{req.kind}-{uuid.uuid4().hex[:12]}"
-        existing = self.nodes.get(node_id)
+        existing = self._nodes.get(node_id)
         if existing is not None and existing.kind != req.kind:
             raise ServiceError(409, f"node {node_id!r} is registered as a {existing.kind}")
         labels = req.labels.model_dump()
         rec = NodeRec(node_id, req.kind, labels, "active", time.time(), time.monotonic())
-        await self.store.run(
+        await self._store.run(
             lambda c: c.execute(
                 "INSERT INTO nodes(node_id, kind, labels, state, registered_at) "
                 "VALUES (?, ?, ?, 'active', ?) ON CONFLICT(node_id) DO UPDATE SET "
@@ -46,77 +81,32 @@ class NodesMixin(ServiceState):
                 (node_id, req.kind, json.dumps(labels), rec.registered_at),
             )
         )
-        self.nodes[node_id] = rec
-        s = self.settings
-        return {
-            "node_id": node_id,
-            "heartbeat_interval": s.heartbeat_timeout / 3,
-            "heartbeat_timeout": s.heartbeat_timeout,
-            "lease_seconds": s.lease_seconds,
-            "group_size": s.group_size,
-            "policies": {
-                p: {"version": self.versions[p], "max_staleness": m}
-                for p, m in self.policies.items()
-            },
-        }
+        self._nodes[node_id] = rec
+        return rec
 
-    def _active(self, node_id: str) -> NodeRec:
-        node = self.nodes.get(node_id)
-        if node is None or node.state != "active":
-            state = "unknown" if node is None else node.state
-            raise ServiceError(404, f"node {node_id!r} is not registered ({state}): register again")
-        return node
+    def heartbeat(self, node_id: str) -> None:
+        self.active(node_id).last_seen = time.monotonic()
 
-    def _orphaned(self, policy: str) -> bool:
-        """Every trainer that ever served ``policy`` is gone (it left or went silent).
-
-        Such a policy must not hold the other policies back: it gets no admission
-        budget and its surplus is dropped (and counted) instead of refusing whole
-        submissions. A policy whose trainer has not registered yet is not orphaned.
-        """
-        trainers = [n for n in self.nodes.values()
-                    if n.kind == "trainer" and policy in n.labels.get("policies", [])]
-        return bool(trainers) and all(n.state != "active" for n in trainers)
-
-    def heartbeat(self, node_id: str) -> dict[str, Any]:
-        self._active(node_id).last_seen = time.monotonic()
-        return {"node_id": node_id, "versions": self.versions}
-
-    async def leave(self, node_id: str) -> dict[str, Any]:
-        node = self._active(node_id)
-        await self._retire(node, "left")
-        return {"node_id": node_id, "state": "left"}
-
-    async def _retire(self, node: NodeRec, state: str) -> None:
-        """Take a node out; its leases become re-issuable at once."""
+    async def retire(self, node: NodeRec, state: str) -> None:
+        """Take a node out (``left`` or ``retired``); its leases are re-issuable at once."""
         node.state = state
-        now = time.time()
-        for rec in self.tasks.values():
-            if rec.state == "leased" and rec.node_id == node.node_id:
-                rec.deadline = now
-                heapq.heappush(self.expiry, (now, rec.task_id, rec.attempt))
-        self._expire()
+        self._tasks.release_node(node.node_id, time.time())
         deltas = Counter({"nodes_retired": int(state == "retired")})
 
         def job(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE nodes SET state = ? WHERE node_id = ?", (state, node.node_id))
 
-        await self.store.run(job, deltas)
-        self.counters.update(deltas)
-        self._pulse_changed()
+        await self._store.run(job, deltas)
+        self._counters.update(deltas)
+        self._signals.pulse_changed()
 
-    async def _reap_forever(self) -> None:
-        s = self.settings
-        interval = max(0.05, min(0.5, s.lease_seconds / 4, s.heartbeat_timeout / 4))
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if self._expire():
-                    self._pulse_changed()
-                horizon = time.monotonic() - s.heartbeat_timeout
-                for node in list(self.nodes.values()):
-                    if node.state == "active" and node.last_seen < horizon:
-                        log.info("node %s missed its heartbeats: retired", node.node_id)
-                        await self._retire(node, "retired")
-            except STORE_ERRORS:
-                log.exception("dataflow reaper failed; retrying")
+    def silent(self, horizon: float) -> list[NodeRec]:
+        """Active nodes last heard of before ``horizon`` (monotonic seconds)."""
+        return [n for n in self._nodes.values() if n.state == "active" and n.last_seen < horizon]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Every node as /v1/status shows it (without its leases and pace)."""
+        now = time.monotonic()
+        return [{"node_id": n.node_id, "kind": n.kind, "state": n.state, "labels": n.labels,
+                 "seconds_since_heartbeat": round(now - n.last_seen, 3)}
+                for n in self._nodes.values()]

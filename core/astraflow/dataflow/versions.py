@@ -1,111 +1,67 @@
-"""Versions: each policy's published weight version, and the long-polls that
-wait for a newer one.
+"""Versions: each policy's published weight version and its staleness bound.
 
-A part of :class:`~astraflow.dataflow.service.DataflowService`: the state it reads and
-writes is set up there.
+A sample generated from version ``v`` of a policy is trainable while the policy's
+version is at most ``v + max_staleness``; a sample with no trained token
+(``min_version < 0``) never goes stale.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sqlite3
-import time
-from collections import Counter
-from typing import Any
 
-from astraflow.dataflow.records import (
-    ServiceError,
-    log_failure,
-    stale_key,
-)
-from astraflow.dataflow.state import ServiceState
+from astraflow.dataflow.records import ServiceError
 
 
-class VersionsMixin(ServiceState):
-    """Mixed into DataflowService (see the module's docstring)."""
+class Versions:
+    def __init__(self, max_staleness: dict[str, int]) -> None:
+        self._max_staleness = dict(max_staleness)
+        self._versions = dict.fromkeys(self._max_staleness, 0)
 
-    def announce_version(self, policy: str, version: int) -> Any:
-        """Record ``policy``'s new weight version (for the weights subsystem's on_publish).
+    def load(self, conn: sqlite3.Connection) -> None:
+        for policy, version in conn.execute("SELECT policy, version FROM versions"):
+            if policy in self._versions:
+                self._versions[policy] = version
 
-        Callable from the event loop (returns an awaitable) or from any other thread
-        (blocks until the version is durable).
-        """
-        if self.loop is None:
-            raise RuntimeError("the dataflow service is not running")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            future = asyncio.ensure_future(self.set_version(policy, version))
-            future.add_done_callback(log_failure)
-            return future
-        return asyncio.run_coroutine_threadsafe(self.set_version(policy, version),
-                                                self.loop).result()
+    @property
+    def policies(self) -> list[str]:
+        return list(self._versions)
 
-    async def wait_versions(self, have: dict[str, int], wait: float) -> dict[str, int]:
-        """Every policy's latest version, as soon as one in ``have`` is newer than the
-        version given for it, or after ``wait`` seconds: nodes learn of new weights
-        the moment they are published without polling for them."""
-        for policy in have:
-            self._policy(policy)
-        give_up = time.monotonic() + wait
-        while True:
-            published = self._new_version
-            assert published is not None  # made as the server starts, before any request
-            remaining = give_up - time.monotonic()
-            if remaining <= 0 or any(self.versions[p] > v for p, v in have.items()):
-                return dict(self.versions)
-            await self._wait(published, remaining)
+    def check(self, policy: str) -> str:
+        """``policy``, if this run has it (else a 404 naming the ones it has)."""
+        if policy not in self._versions:
+            raise ServiceError(
+                404, f"unknown policy {policy!r}; this run has {sorted(self._versions)}")
+        return policy
 
-    async def set_version(self, policy: str, version: int) -> dict[str, Any]:
-        self._policy(policy)
-        current = self.versions[policy]
+    def __getitem__(self, policy: str) -> int:
+        return self._versions[policy]
+
+    def all(self) -> dict[str, int]:
+        """Every policy's latest version (a copy)."""
+        return dict(self._versions)
+
+    def max_staleness(self, policy: str) -> int:
+        return self._max_staleness[policy]
+
+    def bounds(self) -> dict[str, int]:
+        """Every policy's max_staleness (a copy)."""
+        return dict(self._max_staleness)
+
+    def stale(self, policy: str, min_version: int) -> bool:
+        return (min_version >= 0
+                and self._versions[policy] - min_version > self._max_staleness[policy])
+
+    def newer(self, have: dict[str, int]) -> bool:
+        """Whether any policy in ``have`` has a version past the one given for it."""
+        return any(self._versions[p] > v for p, v in have.items())
+
+    def advance(self, policy: str, version: int) -> bool:
+        """Move ``policy`` to ``version``: True if it moved, False if it was there
+        already; a version behind the current one is refused (409)."""
+        current = self._versions[self.check(policy)]
         if version < current:
             raise ServiceError(
                 409, f"versions of {policy!r} only move forward: current {current}, got {version}"
             )
-        if version == current:
-            return {"policy": policy, "version": version, "dropped_stale": 0}
-        self.versions[policy] = version
-        self.timeline.publish(policy, version)
-        for algo in self.algorithms.values():
-            algo.on_new_version(policy, version)
-        stale = [r for r in self.fresh[policy].values() if self._stale(policy, r.min_version)]
-        for item in stale:
-            del self.fresh[policy][item.id]
-        deltas = Counter({f"dropped_stale:{policy}": len(stale)})
-        deltas.update(stale_key(policy, item.pool) for item in stale)
-        # consumed items too old to be replayed go as well (trained on, so not counted)
-        pool = self.replayable[policy]
-        too_old = [r for r in pool.values() if self._stale(policy, r.min_version)]
-        for item in too_old:
-            del pool[item.id]
-        plugins = self._plugin_updates()
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO versions(policy, version) VALUES (?, ?) "
-                "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
-                (policy, version),
-            )
-            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                         (json.dumps([item.id for item in stale + too_old]),))
-            self._save_plugins(conn, plugins)
-
-        await self.store.run(job, deltas)
-        self.store.payloads.release(item.loc for item in stale + too_old)
-        self.counters.update(deltas)
-        self._pulse_changed()
-        assert self._new_version is not None  # made as the server starts
-        self._new_version.set()
-        self._new_version = asyncio.Event()
-        return {"policy": policy, "version": version, "dropped_stale": len(stale)}
-
-    def evaluated(self, policy: str, version: int, metrics: dict[str, float]
-                  ) -> dict[str, Any]:
-        """An evaluator's held-out scores of ``policy`` at ``version`` (for the dashboard)."""
-        self._policy(policy)
-        self.timeline.evaluated(policy, version, metrics)
-        return {"policy": policy, "version": version}
+        self._versions[policy] = version
+        return version > current

@@ -30,6 +30,9 @@ DTYPES: dict[str, np.dtype] = {
     "versions": np.dtype("<i4"),
 }
 ARRAYS = tuple(DTYPES)
+#: a trajectory's metadata keys that say its reward failed, and why
+REWARD_FAILED = "reward_failed"
+REWARD_ERROR = "reward_error"
 TOKEN_LIMIT = 2**31
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
@@ -278,6 +281,15 @@ class CheckedTrajectory:
     metadata: dict[str, Any]
     min_version: int
 
+    @property
+    def reward_failed(self) -> bool:
+        return bool(self.metadata.get(REWARD_FAILED))
+
+    @property
+    def reward_error(self) -> str | None:
+        error = self.metadata.get(REWARD_ERROR)
+        return None if error is None else str(error)
+
     def payload(self, advantage: float, metadata: dict[str, Any]) -> bytes:
         """The stored (and served) form: msgpack with binary arrays."""
         packed: bytes = msgpack.packb(
@@ -317,22 +329,7 @@ def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajecto
     reductions that allocate nothing (a handful of numpy calls per request, not per
     trajectory); only a failing rule looks for the element, to name its trajectory.
     """
-    blobs: list[dict[str, bytes]] = []
-    lengths: list[int] = []
-    for i, t in enumerate(trajectories):
-        try:
-            wire = {name: _blob(name, getattr(t, name)) for name in ARRAYS}
-        except PayloadError as exc:
-            raise PayloadError(f"trajectories.{i}.{exc}") from None
-        n = len(wire["tokens"]) // 4
-        for name in ARRAYS[1:]:
-            entries = len(wire[name]) // DTYPES[name].itemsize
-            if entries != n:
-                raise PayloadError(
-                    f"trajectories.{i}: {name} has {entries} entries, tokens has {n}"
-                )
-        blobs.append(wire)
-        lengths.append(n)
+    blobs, lengths = _arrays(trajectories)
     offsets = list(itertools.accumulate(lengths, initial=0))
     tokens, logprobs, mask, versions = (
         np.frombuffer(b"".join(w[name] for w in blobs), DTYPES[name]) for name in ARRAYS
@@ -354,46 +351,80 @@ def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajecto
         bad = trained & ~np.isfinite(logprobs)
         if bad.any():
             fail(bad, "logprobs: trained tokens need finite log-probs")
-    spans: list[list[dict[str, Any]]] = []
+    spans = [_tiled(i, t, trained[offsets[i]:offsets[i] + lengths[i]])
+             for i, t in enumerate(trajectories)]
+    min_versions = _min_versions(trained, versions, offsets, lengths)
+    return [
+        CheckedTrajectory(t.task_id, t.group_id, t.policy, wire, tiled, float(t.reward),
+                          t.metadata, low)
+        for t, wire, tiled, low in zip(trajectories, blobs, spans, min_versions, strict=True)
+    ]
+
+
+def _arrays(trajectories: list[TrajectoryIn]) -> tuple[list[dict[str, bytes]], list[int]]:
+    """Each trajectory's arrays in their wire form, and its length (all arrays alike)."""
+    blobs: list[dict[str, bytes]] = []
+    lengths: list[int] = []
     for i, t in enumerate(trajectories):
-        pos, base, n = 0, offsets[i], lengths[i]
-        tiled = []
-        for j, span in enumerate(t.spans):
-            start, end = span.start, span.end
-            if start != pos or end < start:
+        try:
+            wire = {name: _blob(name, getattr(t, name)) for name in ARRAYS}
+        except PayloadError as exc:
+            raise PayloadError(f"trajectories.{i}.{exc}") from None
+        n = len(wire["tokens"]) // 4
+        for name in ARRAYS[1:]:
+            entries = len(wire[name]) // DTYPES[name].itemsize
+            if entries != n:
                 raise PayloadError(
-                    f"trajectories.{i}.spans.{j}: spans must tile the tokens contiguously "
-                    f"(expected start {pos}, got {start}..{end})"
+                    f"trajectories.{i}: {name} has {entries} entries, tokens has {n}"
                 )
-            if span.source != t.policy and trained[base + min(start, n) : base + min(end, n)].any():
-                raise PayloadError(
-                    f"trajectories.{i}.loss_mask: marks tokens of span {j} (source "
-                    f"{span.source!r}) in a {t.policy!r} trajectory; only the policy's own "
-                    "tokens may be trained"
-                )
-            tiled.append({"start": start, "end": end, "source": span.source,
-                          "version": span.version})
-            pos = end
-        if pos != n:
-            raise PayloadError(f"trajectories.{i}.spans: cover {pos} tokens, tokens has {n}")
-        spans.append(tiled)
-    # per trajectory: the oldest weight version among its trained tokens
+        blobs.append(wire)
+        lengths.append(n)
+    return blobs, lengths
+
+
+def _tiled(i: int, t: TrajectoryIn, trained: np.ndarray) -> list[dict[str, Any]]:
+    """Trajectory ``i``'s spans, checked to tile its tokens and to hold trained tokens
+    only where the trajectory's own policy generated them."""
+    pos, n = 0, len(trained)
+    tiled = []
+    for j, span in enumerate(t.spans):
+        start, end = span.start, span.end
+        if start != pos or end < start:
+            raise PayloadError(
+                f"trajectories.{i}.spans.{j}: spans must tile the tokens contiguously "
+                f"(expected start {pos}, got {start}..{end})"
+            )
+        if span.source != t.policy and trained[min(start, n):min(end, n)].any():
+            raise PayloadError(
+                f"trajectories.{i}.loss_mask: marks tokens of span {j} (source "
+                f"{span.source!r}) in a {t.policy!r} trajectory; only the policy's own "
+                "tokens may be trained"
+            )
+        tiled.append({"start": start, "end": end, "source": span.source,
+                      "version": span.version})
+        pos = end
+    if pos != n:
+        raise PayloadError(f"trajectories.{i}.spans: cover {pos} tokens, tokens has {n}")
+    return tiled
+
+
+def _min_versions(trained: np.ndarray, versions: np.ndarray, offsets: list[int],
+                  lengths: list[int]) -> list[int]:
+    """Per trajectory, the oldest weight version among its trained tokens (-1: none)."""
     starts = [offsets[i] for i, n in enumerate(lengths) if n]
     lowest = iter(
         np.minimum.reduceat(np.where(trained, versions, UNTRAINED), starts).tolist()
         if starts else ()
     )
-    min_versions = [next(lowest) if n else UNTRAINED for n in lengths]
-    for i, low in enumerate(min_versions):
+    out = []
+    for i, n in enumerate(lengths):
+        low = next(lowest) if n else UNTRAINED
         if low < 0:
             raise PayloadError(
                 f"trajectories.{i}.versions: trained tokens need the weight version (>= 0)"
             )
-    return [
-        CheckedTrajectory(t.task_id, t.group_id, t.policy, wire, tiled, float(t.reward),
-                          t.metadata, -1 if low == UNTRAINED else int(low))
-        for t, wire, tiled, low in zip(trajectories, blobs, spans, min_versions, strict=True)
-    ]
+        out.append(-1 if low == UNTRAINED else int(low))
+    return out
 
 
 # ---- client-side helpers -------------------------------------------------------------
@@ -447,6 +478,11 @@ def unpack_trajectory(data: dict[str, Any]) -> Trajectory:
         reward=data["reward"],
         metadata=data["metadata"],
     )
+
+
+def reward_failed(data: dict[str, Any]) -> bool:
+    """Whether the reward of a stored trajectory (decoded) failed."""
+    return bool((data.get("metadata") or {}).get(REWARD_FAILED))
 
 
 def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:

@@ -97,3 +97,65 @@ def test_no_source_file_is_over_600_lines():
     long = {f: n for f in files
             if (n := len((ROOT / f).read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+# ---- the data layer: collaborators that own their state ---------------------------------
+
+DATAFLOW = ROOT / "core" / "astraflow" / "dataflow"
+MAX_FUNCTION_LINES = 60
+
+
+def private_reaches(source: str, filename: str) -> list[str]:
+    """Where a module reaches a private name (``_x``) that is not its own object's:
+    ``other._x``, ``self.ledger._x``, ``module._x``, ``from module import _x``. Only
+    ``self._x`` and ``cls._x`` are a collaborator's own."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{filename}:{node.lineno}: from {node.module} import {alias.name}"
+                      for alias in node.names if _private(alias.name)]
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def long_functions(source: str, filename: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    return [f"{filename}:{node.lineno}: {node.name} has {n} lines"
+            for node in ast.walk(ast.parse(source, filename))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (n := node.end_lineno - node.lineno + 1) > limit]  # type: ignore[operator]
+
+
+def test_no_part_of_the_data_layer_reaches_another_ones_private_names():
+    files = sorted(DATAFLOW.glob("*.py"))
+    assert len(files) > 15
+    assert [r for f in files for r in private_reaches(f.read_text(), f.name)] == []
+
+
+def test_the_checker_finds_a_reach_into_another_collaborators_private_name():
+    source = (
+        "from astraflow.dataflow.ledger import _StaleRule\n"
+        "class Intake:\n"
+        "    def accept(self, ledger):\n"
+        "        self._seen = 1\n"            # its own: fine
+        "        n = len(self._ledger._fresh)\n"  # another's private state
+        "        return ledger._committing, type(self).__name__\n"
+    )
+    assert private_reaches(source, "intake.py") == [
+        "intake.py:1: from astraflow.dataflow.ledger import _StaleRule",
+        "intake.py:5: self._ledger._fresh",
+        "intake.py:6: ledger._committing",
+    ]
+
+
+def test_no_function_in_the_data_layer_is_over_60_lines():
+    files = sorted(DATAFLOW.glob("*.py"))
+    assert [r for f in files for r in long_functions(f.read_text(), f.name)] == []
+    long = "def f():\n" + "    x = 1\n" * 60
+    assert long_functions(long, "f.py") == ["f.py:1: f has 61 lines"]
