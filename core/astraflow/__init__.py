@@ -6,5 +6,5 @@ registered through the hook specs in :mod:`astraflow.hookspecs`.
 
 from astraflow.hookspecs import hookimpl
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 __all__ = ["__version__", "hookimpl"]

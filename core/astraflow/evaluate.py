@@ -28,7 +28,6 @@ from astraflow.components import build_workflow, role_map
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.raas.node import EnginePolicy, start_engines
-from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
 from astraflow.weights._fs import build_dir
 from astraflow.weights.client import Synced
@@ -73,10 +72,9 @@ class Evaluator:
             # better because the reward broke; the failures are counted beside it
             out[key] = sum(t.reward for t in mine) / max(len(mine), 1)
             prefix = key.removesuffix("_accuracy")
-            out[f"{prefix}_reward_failed"] = sum(
-                bool(t.metadata.get(REWARD_FAILED)) for t in mine)
+            out[f"{prefix}_reward_failed"] = sum(t.outcome.failed for t in mine)
             # the reward's extra metrics (a pair's final accuracy beside the solver's own)
-            for name, value in reward_metric_means([t.metadata for t in mine]).items():
+            for name, value in reward_metric_means([t.outcome for t in mine]).items():
                 out[f"{prefix}_{name.removeprefix('reward/')}"] = value
         workflow.config = base
         return out

@@ -35,6 +35,41 @@ class Span:
     version: int = -1  # weight version that generated the span; -1 if not generated
 
 
+#: the metadata keys a failed reward was told in before :class:`RewardOutcome` (1.2);
+#: read into ``Trajectory.outcome`` when a trajectory still carries them
+LEGACY_FAILED = "reward_failed"
+LEGACY_REASON = "reward_error"
+LEGACY_METRICS = "reward_metrics"
+
+
+@dataclass
+class RewardOutcome:
+    """How a sample's reward went, beside its value (``Trajectory.reward``).
+
+    A failed reward (it raised, timed out or returned no number) is counted, its first
+    reason shown on the console, and the sample kept out of its group's advantage
+    statistics (its advantage 0). ``metrics`` are the extra numbers a reward returned
+    beside its score; the trainer logs each one's batch mean as ``reward/<name>``.
+    """
+
+    failed: bool = False
+    #: why it failed (the end of the traceback)
+    reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any]) -> RewardOutcome | None:
+        """The outcome metadata written before 1.2 tells (``reward_failed``,
+        ``reward_error``, ``reward_metrics``), or None if it tells none."""
+        if not any(k in metadata for k in (LEGACY_FAILED, LEGACY_REASON, LEGACY_METRICS)):
+            return None
+        reason = metadata.get(LEGACY_REASON)
+        return cls(failed=bool(metadata.get(LEGACY_FAILED)),
+                   reason=None if reason is None else str(reason),
+                   metrics={str(k): float(v)
+                            for k, v in (metadata.get(LEGACY_METRICS) or {}).items()})
+
+
 @dataclass
 class Trajectory:
     """One sequence trained by one policy.
@@ -53,9 +88,17 @@ class Trajectory:
     spans: list[Span]
     reward: float
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: how the reward went: failed (and why), extra metrics
+    outcome: RewardOutcome = field(default_factory=RewardOutcome)
 
     def __post_init__(self) -> None:
         self.spans = [s if isinstance(s, Span) else Span(**s) for s in self.spans]
+        if isinstance(self.outcome, dict):
+            self.outcome = RewardOutcome(**self.outcome)
+        told = self.outcome
+        if self.metadata and not (told.failed or told.metrics or told.reason):
+            # a workflow written before 1.2 tells the outcome in the metadata
+            self.outcome = RewardOutcome.from_metadata(self.metadata) or told
 
     @property
     def min_version(self) -> int:

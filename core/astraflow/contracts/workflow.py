@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from astraflow.contracts.reward import RewardRunner, Score
 from astraflow.types import Generation, Task, Trajectory
-
-if TYPE_CHECKING:
-    from astraflow.rewards.base import Score
 
 
 class PolicyHandle(Protocol):
@@ -60,8 +58,6 @@ class Workflow(ABC):
         return tuple(cls.roles)
 
     def __init__(self, config: Any, tokenizer: Tokenizer, reward: Reward) -> None:
-        from astraflow.rewards.base import RewardRunner
-
         self.config = config
         self.tokenizer = tokenizer
         self.reward = reward
@@ -70,9 +66,9 @@ class Workflow(ABC):
 
     async def score(self, task: Task, completion: str) -> Score:
         """The reward of ``completion``; a reward that raises or times out gives a failed
-        :class:`~astraflow.rewards.base.Score` (put ``score.metadata()`` in the
-        trajectory's metadata so the data layer counts it and keeps it out of the
-        group's advantage statistics)."""
+        :class:`~astraflow.contracts.reward.Score` (give ``score.outcome`` to the
+        trajectory, ``TrajectoryBuilder.build(..., outcome=score.outcome)``, so the data
+        layer counts it and keeps it out of the group's advantage statistics)."""
         return await self._scorer.score(task, completion)
 
     def completion_text(self, token_ids: list[int]) -> str:

@@ -27,7 +27,7 @@ from astraflow.dataflow.signals import Signals
 from astraflow.dataflow.store import CONSUMED, SERVED, Store
 from astraflow.dataflow.timeline import Timeline
 from astraflow.dataflow.versions import Versions
-from astraflow.dataflow.wire import reward_failed, unpack_trajectory
+from astraflow.dataflow.wire import decode_trajectory, reward_failed
 from astraflow.types import Trajectory
 
 #: unacknowledged batches one trainer may hold: the one it trains on and the next,
@@ -150,7 +150,7 @@ class BatchServer:
         for item_id, raw in self._read(window + replay).items():
             data = msgpack.unpackb(raw)
             data.pop("advantage")
-            trajs[item_id] = unpack_trajectory(data)
+            trajs[item_id] = decode_trajectory(data)
         ids_of = {id(t): i for i, t in trajs.items()}
         picked_fresh, picked_replay = sampler.compose(
             n, [trajs[r.id] for r in window], [trajs[r.id] for r in replay], version)

@@ -27,7 +27,7 @@ from astraflow.dataflow.wire import (
     MSGPACK,
     Lease,
     batch_from_wire,
-    pack_trajectory,
+    encode_trajectory,
 )
 from astraflow.types import Task, Trajectory
 
@@ -214,7 +214,7 @@ class _Api:
                versions: dict[str, int] | None = None) -> Any:
         """Submit all trajectories of a leased task; ``status`` is accepted or duplicate.
 
-        Dicts are taken as already in wire form (see ``wire.pack_trajectory``). With
+        Dicts are taken as already in wire form (see ``wire.encode_trajectory``). With
         ``lease_more`` the same round trip leases up to that many more tasks (without
         waiting), returned as ``leases`` (list of :class:`Lease`), like
         :meth:`lease_tasks` with the weight ``versions`` the node holds.
@@ -234,7 +234,7 @@ class _Api:
         body: dict[str, Any] = {
             "lease_id": lease if isinstance(lease, str) else lease.lease_id,
             "node_id": node_id or self.node_id,
-            "trajectories": [t if isinstance(t, dict) else pack_trajectory(t)
+            "trajectories": [t if isinstance(t, dict) else encode_trajectory(t)
                              for t in trajectories],
         }
         if lease_more:

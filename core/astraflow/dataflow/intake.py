@@ -162,13 +162,13 @@ class Intake:
         """Count the group, show it to the task selectors and the filters: whether its
         samples go on (not filtered out, and their policy still trains)."""
         n, d = len(members), sub.deltas
-        failed = sum(ct.reward_failed for ct in members)
+        failed = sum(ct.outcome.failed for ct in members)
         d[f"produced:{policy}"] += n
         d[pool_key("produced", policy, sub.pool)] += n
         d[f"reward_failed:{policy}"] += failed
         if failed and policy not in self.reward_errors:
-            first = next(ct for ct in members if ct.reward_failed)
-            self.reward_errors[policy] = first.reward_error or ""
+            first = next(ct for ct in members if ct.outcome.failed)
+            self.reward_errors[policy] = first.outcome.reason or ""
         algorithms = self._p.algorithms
         if algorithms.selectors:
             source_task = Task(**{**sub.task.task, "task_id": sub.stamp["source_task_id"]})
@@ -189,7 +189,7 @@ class Intake:
     def _advantages(self, policy: str, members: Group) -> list[float]:
         rollouts = [ct.metadata.get("rollout") for ct in members]
         return self._p.advantages.group(
-            policy, [ct.reward for ct in members], [ct.reward_failed for ct in members],
+            policy, [ct.reward for ct in members], [ct.outcome.failed for ct in members],
             rollouts if any(r is not None for r in rollouts) else None,
             [float(ct.metadata.get("rollout_reward", ct.reward)) for ct in members])
 

@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBytes, ValidationError
 
-from astraflow.types import Batch, Span, Task, TrainItem, Trajectory
+from astraflow.types import Batch, RewardOutcome, Span, Task, TrainItem, Trajectory
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -30,9 +30,6 @@ DTYPES: dict[str, np.dtype] = {
     "versions": np.dtype("<i4"),
 }
 ARRAYS = tuple(DTYPES)
-#: a trajectory's metadata keys that say its reward failed, and why
-REWARD_FAILED = "reward_failed"
-REWARD_ERROR = "reward_error"
 TOKEN_LIMIT = 2**31
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
@@ -97,6 +94,14 @@ IntArray = list[int] | StrictBytes
 FloatArray = list[float] | StrictBytes
 
 
+class OutcomeIn(_Model):
+    """How a trajectory's reward went (``Trajectory.outcome``)."""
+
+    failed: bool = False
+    reason: str | None = Field(default=None, max_length=65_536)
+    metrics: dict[Name, float] = Field(default_factory=dict, max_length=256)
+
+
 class TrajectoryIn(_Model):
     """A trajectory on the wire: arrays as lists (JSON) or binary blobs (msgpack)."""
 
@@ -110,6 +115,9 @@ class TrajectoryIn(_Model):
     spans: list[SpanIn] = Field(min_length=1)
     reward: float
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    #: absent: the reward did not fail and returned no extra metrics, unless the
+    #: metadata tells otherwise the way it did before 1.2
+    outcome: OutcomeIn | None = None
 
 
 class MoreLeases(_Model):
@@ -279,43 +287,22 @@ class CheckedTrajectory:
     spans: list[dict[str, Any]]
     reward: float
     metadata: dict[str, Any]
+    outcome: RewardOutcome
     min_version: int
 
-    @property
-    def reward_failed(self) -> bool:
-        return bool(self.metadata.get(REWARD_FAILED))
-
-    @property
-    def reward_error(self) -> str | None:
-        error = self.metadata.get(REWARD_ERROR)
-        return None if error is None else str(error)
+    def record(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trajectory in its one encoded form (:func:`record`)."""
+        return record(self.task_id, self.group_id, self.policy, self.blobs, self.spans,
+                      self.reward, self.metadata if metadata is None else metadata,
+                      self.outcome)
 
     def payload(self, advantage: float, metadata: dict[str, Any]) -> bytes:
-        """The stored (and served) form: msgpack with binary arrays."""
-        packed: bytes = msgpack.packb(
-            {
-                "task_id": self.task_id,
-                "group_id": self.group_id,
-                "policy": self.policy,
-                **self.blobs,
-                "spans": self.spans,
-                "reward": self.reward,
-                "metadata": metadata,
-                "advantage": advantage,
-            }
-        )
+        """The stored (and served) form: the record, with its advantage, as msgpack."""
+        packed: bytes = msgpack.packb({**self.record(metadata), "advantage": advantage})
         return packed
 
     def to_trajectory(self) -> Trajectory:
-        return Trajectory(
-            task_id=self.task_id,
-            group_id=self.group_id,
-            policy=self.policy,
-            **{k: np.frombuffer(v, DTYPES[k]).tolist() for k, v in self.blobs.items()},
-            spans=[Span(**s) for s in self.spans],
-            reward=self.reward,
-            metadata=dict(self.metadata),
-        )
+        return decode_trajectory(self.record(dict(self.metadata)))
 
 
 def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajectory]:
@@ -356,9 +343,15 @@ def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajecto
     min_versions = _min_versions(trained, versions, offsets, lengths)
     return [
         CheckedTrajectory(t.task_id, t.group_id, t.policy, wire, tiled, float(t.reward),
-                          t.metadata, low)
+                          t.metadata, _outcome(t), low)
         for t, wire, tiled, low in zip(trajectories, blobs, spans, min_versions, strict=True)
     ]
+
+
+def _outcome(t: TrajectoryIn) -> RewardOutcome:
+    if t.outcome is not None:
+        return RewardOutcome(t.outcome.failed, t.outcome.reason, dict(t.outcome.metrics))
+    return RewardOutcome.from_metadata(t.metadata) or RewardOutcome()
 
 
 def _arrays(trajectories: list[TrajectoryIn]) -> tuple[list[dict[str, bytes]], list[int]]:
@@ -448,27 +441,40 @@ class Lease:
         )
 
 
-def pack_trajectory(t: Trajectory) -> dict[str, Any]:
-    """A trajectory for msgpack submission, arrays as binary blobs."""
-    return {
-        "task_id": t.task_id,
-        "group_id": t.group_id,
-        "policy": t.policy,
-        **{k: np.asarray(getattr(t, k), dtype=DTYPES[k]).tobytes() for k in ARRAYS},
-        "spans": [
-            {"start": s.start, "end": s.end, "source": s.source, "version": s.version}
-            for s in t.spans
-        ],
-        "reward": t.reward,
-        "metadata": t.metadata,
-    }
+# ---- the codec: one encoded form of a trajectory, from the node to the trainer ---------
 
 
-def unpack_trajectory(data: dict[str, Any]) -> Trajectory:
+def record(task_id: str, group_id: str, policy: str, arrays: dict[str, bytes],
+           spans: list[dict[str, Any]], reward: float, metadata: dict[str, Any],
+           outcome: RewardOutcome) -> dict[str, Any]:
+    """A trajectory as the node submits it, the data layer stores and serves it and the
+    trainer reads it: a map with its token arrays as little-endian binary blobs. The
+    outcome goes only when it says something (a stored payload of 1.1 has none)."""
+    out = {"task_id": task_id, "group_id": group_id, "policy": policy, **arrays,
+           "spans": spans, "reward": reward, "metadata": metadata}
+    if outcome.failed or outcome.reason is not None or outcome.metrics:
+        out["outcome"] = {"failed": outcome.failed, "reason": outcome.reason,
+                          "metrics": outcome.metrics}
+    return out
+
+
+def encode_trajectory(t: Trajectory) -> dict[str, Any]:
+    """``t`` in its encoded form (:func:`record`), for msgpack."""
+    return record(
+        t.task_id, t.group_id, t.policy,
+        {k: np.asarray(getattr(t, k), dtype=DTYPES[k]).tobytes() for k in ARRAYS},
+        [{"start": s.start, "end": s.end, "source": s.source, "version": s.version}
+         for s in t.spans],
+        t.reward, t.metadata, t.outcome)
+
+
+def decode_trajectory(data: dict[str, Any]) -> Trajectory:
+    """A trajectory from its encoded form (arrays as blobs, or lists from JSON)."""
     arrays = {
         k: np.frombuffer(v, DTYPES[k]).tolist() if isinstance(v, bytes) else list(v)
         for k, v in ((k, data[k]) for k in ARRAYS)
     }
+    outcome = data.get("outcome")
     return Trajectory(
         task_id=data["task_id"],
         group_id=data["group_id"],
@@ -477,12 +483,22 @@ def unpack_trajectory(data: dict[str, Any]) -> Trajectory:
         spans=[Span(**s) for s in data["spans"]],
         reward=data["reward"],
         metadata=data["metadata"],
+        outcome=RewardOutcome(**outcome) if outcome else RewardOutcome(),
     )
 
 
+#: the names the codec had before 1.2
+pack_trajectory = encode_trajectory
+unpack_trajectory = decode_trajectory
+
+
 def reward_failed(data: dict[str, Any]) -> bool:
-    """Whether the reward of a stored trajectory (decoded) failed."""
-    return bool((data.get("metadata") or {}).get(REWARD_FAILED))
+    """Whether the reward of a trajectory in its encoded form failed."""
+    outcome = data.get("outcome")
+    if outcome:
+        return bool(outcome.get("failed"))
+    legacy = RewardOutcome.from_metadata(data.get("metadata") or {})
+    return legacy is not None and legacy.failed
 
 
 def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:
@@ -495,7 +511,7 @@ def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:
 def batch_to_wire(batch: Batch) -> dict[str, Any]:
     """A batch as :func:`batch_from_wire` reads it (msgpack, arrays as binary)."""
     return {"batch_id": batch.batch_id, "policy": batch.policy,
-            "items": [{**pack_trajectory(item.trajectory), "advantage": item.advantage}
+            "items": [{**encode_trajectory(item.trajectory), "advantage": item.advantage}
                       for item in batch.items],
             "trainer_version": batch.trainer_version, "metadata": batch.metadata}
 
@@ -504,5 +520,5 @@ def batch_from_wire(data: dict[str, Any]) -> Batch:
     items = []
     for raw in data["items"]:
         advantage = raw.pop("advantage")
-        items.append(TrainItem(unpack_trajectory(raw), advantage))
+        items.append(TrainItem(decode_trajectory(raw), advantage))
     return Batch(data["batch_id"], data["policy"], items, data["trainer_version"], data["metadata"])

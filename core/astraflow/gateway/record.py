@@ -24,12 +24,13 @@ new *segment*, and is counted. Each segment is one token sequence of one model n
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from astraflow.types import Generation, Task, Trajectory
+from astraflow.types import Generation, RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
 
 
@@ -192,10 +193,12 @@ class Session:
 
     # -- the rollout's trajectories --------------------------------------------------
     def trajectories(self, reward: float, metadata: dict[str, Any], credit: str = "final",
-                     discount: float = 1.0) -> list[Trajectory]:
+                     discount: float = 1.0, outcome: RewardOutcome | None = None
+                     ) -> list[Trajectory]:
         """One trajectory per segment that sampled anything. ``credit``: ``final`` gives
         every segment the rollout's reward; ``discount`` gives a segment whose last call
-        was k calls before the rollout's last ``reward * discount**k``."""
+        was k calls before the rollout's last ``reward * discount**k``. ``outcome``: how
+        the rollout's reward went, told by each segment."""
         out = []
         for seg in self.segments:
             if not any(s == seg.role for s in seg.builder.sources):
@@ -204,7 +207,8 @@ class Session:
             if credit == "discount":
                 value = reward * discount ** (self.calls - seg.last_call)
             meta = {**metadata, "segment_calls": seg.calls, "rollout_reward": reward}
-            out.append(seg.builder.build(seg.role, value, meta))
+            out.append(seg.builder.build(seg.role, value, meta,
+                                         None if outcome is None else copy.deepcopy(outcome)))
         return out
 
 

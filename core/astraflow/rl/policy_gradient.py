@@ -87,9 +87,8 @@ def micro_batches(items: list[TrainItem], size: int, pad_token_id: int,
     fresh = [0.0] * len(items) if fresh is None else fresh
     out = []
     for start in range(0, len(items), size):
+        # checked once, by the data layer as it accepted them (wire.check_trajectories)
         chunk = items[start : start + size]
-        for item in chunk:
-            item.trajectory.validate()
         width = max(len(item.trajectory.tokens) for item in chunk)
 
         def padded(values: list[Any], fill: float, width: int = width) -> list[Any]:

@@ -30,7 +30,6 @@ from astraflow.components import trainer_settings
 from astraflow.errors import ConfigError
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
-from astraflow.rewards.base import FAILED as REWARD_FAILED
 from astraflow.rewards.base import reward_metric_means
 from astraflow.trainer import distributed
 from astraflow.trainer.journal import BatchJournal
@@ -307,7 +306,7 @@ class TrainerRuntime:
         # which rollout pools fed this step (heterogeneous and remote pools show here)
         pools = Counter(str(item.trajectory.metadata.get("pool", "unknown"))
                         for item in batch.items)
-        metas = [item.trajectory.metadata for item in batch.items]
+        outcomes = [item.trajectory.outcome for item in batch.items]
         self._log({
             **{f"train/{k}": float(v) for k, v in metrics.items()},
             "kind": "train", "policy": self.policy, "step": step,
@@ -328,9 +327,9 @@ class TrainerRuntime:
                in sorted(produced.get("dropped_stale_by_pool", {}).items())},
             # samples whose reward raised or timed out (zero advantage), in this batch
             # and run so far, and the extra metrics a reward returned, batch means
-            "reward_failed": sum(bool(m.get(REWARD_FAILED)) for m in metas),
+            "reward_failed": sum(o.failed for o in outcomes),
             "reward_failed_total": produced.get("reward_failed", 0),
-            **reward_metric_means(metas),
+            **reward_metric_means(outcomes),
         })
 
 

@@ -312,16 +312,17 @@ class AgentWorkflow(Workflow):
             session = gateway.close(session.key)
         meta = {"task_type": task.task_type, "sample": sample,
                 "rollout": f"{group_id}:{sample}", "agent_calls": session.calls,
-                "agent_restarts": session.restarts, **score.metadata()}
-        trajectories = session.trajectories(score.value, meta, self.credit, self.discount)
+                "agent_restarts": session.restarts}
+        trajectories = session.trajectories(score.value, meta, self.credit, self.discount,
+                                            score.outcome)
         if not trajectories:
             # no call sampled anything (the agent failed first, or answered by itself):
             # the rollout still counts -- a failure in the failure counts, a reward in
             # its group's baseline -- with the prompt as context and nothing to train
-            trajectories = [self._untrained(task, group_id, score.value, meta)]
+            trajectories = [self._untrained(task, group_id, score, meta)]
         return trajectories
 
-    def _untrained(self, task: Task, group_id: str, reward: float,
+    def _untrained(self, task: Task, group_id: str, score: Score,
                    meta: dict[str, Any]) -> Trajectory:
         try:
             prompt = self.tokenizer.encode_prompt(task.prompt)
@@ -329,7 +330,8 @@ class AgentWorkflow(Workflow):
             prompt = self.tokenizer.encode(str(task.prompt))
         builder = TrajectoryBuilder(task.task_id, group_id)
         builder.add_context(prompt or list(self.tokenizer.stop_token_ids)[:1])
-        return builder.build(self.roles[0], reward, {**meta, "rollout_reward": reward})
+        return builder.build(self.roles[0], score.value, {**meta, "rollout_reward": score.value},
+                             score.outcome)
 
     def _failure(self, error: str) -> Score:
         self.failed += 1

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omegaconf import DictConfig
 
 from astraflow.contracts import PolicyHandle, Workflow
-from astraflow.types import PROMPT, Generation, Span, Task, Trajectory
+from astraflow.types import PROMPT, Generation, RewardOutcome, Span, Task, Trajectory
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 if TYPE_CHECKING:
@@ -67,8 +67,11 @@ class TrajectoryBuilder:
         return other
 
     def build(
-        self, policy: str, reward: float, metadata: dict[str, Any] | None = None
+        self, policy: str, reward: float, metadata: dict[str, Any] | None = None,
+        outcome: RewardOutcome | None = None,
     ) -> Trajectory:
+        """``policy``'s trajectory of the tokens so far (the others' are context), with
+        its ``reward`` and how the reward went (``score.outcome``)."""
         mask = [int(s == policy) for s in self.sources]
         return Trajectory(
             task_id=self.task_id,
@@ -81,6 +84,7 @@ class TrajectoryBuilder:
             spans=[Span(s.start, s.end, s.source, s.version) for s in self.spans],
             reward=float(reward),
             metadata=dict(metadata or {}),
+            outcome=outcome or RewardOutcome(),
         )
 
 

@@ -58,6 +58,6 @@ class SingleTurnWorkflow(EnvWorkflow):
             builder = TrajectoryBuilder(task.task_id, task.metadata.get("group_id", task.task_id))
             builder.add_context(prompt_ids)
             builder.add_generation(role, gen)
-            out.append(builder.build(role, score.value,
-                                     {"task_type": task.task_type, **score.metadata()}))
+            out.append(builder.build(role, score.value, {"task_type": task.task_type},
+                                     score.outcome))
         return out

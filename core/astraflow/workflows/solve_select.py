@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.schema import setting
-from astraflow.types import Task, Trajectory
+from astraflow.types import RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
 
@@ -112,17 +112,16 @@ class SolveSelectWorkflow(AttemptsWorkflow):
             builder = TrajectoryBuilder(task.task_id, group_id)
             builder.add_context(prompt)
             builder.add_generation("solver", gen)
-            score_meta = score.metadata()
+            outcome = score.outcome
             if not score.failed:
-                score_meta["reward_metrics"] = {**score_meta.get("reward_metrics", {}),
-                                                **metrics}
-            out.append(builder.build("solver", score.value, {**meta, **score_meta}))
+                outcome.metrics.update(metrics)
+            out.append(builder.build("solver", score.value, meta, outcome))
         failed = [s for s in scores if s.failed]
         # a pick among candidates whose reward failed judged nothing: it fails too
         out.append(selector.build(
             "selector", picked - sum(values) / len(values),
-            {**meta, "pick": pick, **(failed[0].metadata() if failed else
-                                      {"reward_metrics": metrics})}))
+            {**meta, "pick": pick},
+            failed[0].outcome if failed else RewardOutcome(metrics=metrics)))
         return out
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
-from astraflow.types import Task, Trajectory
+from astraflow.types import RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
 from astraflow.workflows.tools import sandbox_from
@@ -144,13 +144,12 @@ class SolveTestgenWorkflow(AttemptsWorkflow):
         for gen, score in zip(gens, scores, strict=True):
             builder = context.copy()
             builder.add_generation("solver", gen)
-            score_meta = score.metadata()
+            outcome = score.outcome
             if not score.failed:
-                score_meta["reward_metrics"] = {**score_meta.get("reward_metrics", {}),
-                                                "tests_valid": float(valid)}
-            out.append(builder.build("solver", score.value, {**meta, **score_meta}))
+                outcome.metrics["tests_valid"] = float(valid)
+            out.append(builder.build("solver", score.value, meta, outcome))
         failed = [s for s in scores if s.failed]
-        out.append(tester.build("tester", reward, {
-            **meta, **(failed[0].metadata() if failed and tests and valid else
-                       {"reward_metrics": metrics})}))
+        out.append(tester.build("tester", reward, meta,
+                                failed[0].outcome if failed and tests and valid
+                                else RewardOutcome(metrics=metrics)))
         return out

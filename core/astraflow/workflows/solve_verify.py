@@ -133,19 +133,18 @@ class SolveVerifyWorkflow(EnvWorkflow):
             again.add_generation("solver", retry_gen)
             final = await self.score(task, self._text(retry_gen))
             retry = again.build("solver", final.value,
-                                {**meta, EVAL: False, "retried": True, **final.metadata()})
+                                {**meta, EVAL: False, "retried": True}, final.outcome)
         metrics = {"first_answer": float(first.value), "final_answer": float(final.value),
                    "retried": float(retry is not None)}
-        score_meta = first.metadata()
+        outcome = first.outcome
         if not first.failed:
-            score_meta["reward_metrics"] = {**score_meta.get("reward_metrics", {}), **metrics}
-        first_traj = solver.build("solver", first.value,
-                                  {**meta, "verdict": verdict, **score_meta})
+            outcome.metrics.update(metrics)
+        first_traj = solver.build("solver", first.value, {**meta, "verdict": verdict}, outcome)
         # a verdict on an answer whose reward failed judged nothing: it fails too
         verdict_traj = verifier.build(
             "verifier", float(judged_right),
-            {**meta, "verdict": verdict, "answer_right": right,
-             **(first.metadata() if first.failed else {})})
+            {**meta, "verdict": verdict, "answer_right": right},
+            first.outcome if first.failed else None)
         return _Attempt(first_traj, verdict_traj, right, retry)
 
     def _verdicts(self, attempts: list[_Attempt]) -> list[Trajectory]:

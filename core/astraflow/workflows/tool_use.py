@@ -87,4 +87,4 @@ class ToolUseWorkflow(Workflow):
             builder.add_context(ids, source=TOOL)
         score = await self.score(task, answer)
         return builder.build(role, score.value, {"task_type": task.task_type, "tool_calls": calls,
-                                                 "sample": index, **score.metadata()})
+                                                 "sample": index}, score.outcome)

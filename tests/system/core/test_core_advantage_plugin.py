@@ -83,6 +83,6 @@ def test_a_run_trains_on_the_advantages_it_gives(site, tmp_path, tiny_model_dir)
         assert len(batch["items"]) == 8
         for item in batch["items"]:
             trajectory = item["trajectory"]
-            failed = trajectory["metadata"].get("reward_failed")
+            failed = trajectory["outcome"]["failed"]
             expected = 0.0 if failed else (trajectory["reward"] - 0.5) * 0.5
             assert item["advantage"] == expected, (trajectory["reward"], item["advantage"])

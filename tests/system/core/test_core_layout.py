@@ -159,3 +159,20 @@ def test_no_function_in_the_data_layer_is_over_60_lines():
     assert [r for f in files for r in long_functions(f.read_text(), f.name)] == []
     long = "def f():\n" + "    x = 1\n" * 60
     assert long_functions(long, "f.py") == ["f.py:1: f has 61 lines"]
+
+
+# ---- the contracts: the API a plugin implements, and nothing behind it ------------------
+
+#: what a contract may import of the core: the data types, the errors, the deprecation
+#: helper and the other contracts
+CONTRACT_IMPORTS = ("astraflow.types", "astraflow.errors", "astraflow.deprecation",
+                    "astraflow.contracts")
+
+
+def test_the_contracts_import_no_implementation():
+    graph = import_graph(modules())
+    contracts = [m for m in graph if m.startswith("astraflow.contracts")]
+    assert len(contracts) >= 7
+    reached = {m: sorted(d for d in graph[m] if not d.startswith(CONTRACT_IMPORTS))
+               for m in contracts}
+    assert {m: d for m, d in reached.items() if d} == {}

@@ -34,7 +34,7 @@ def test_a_command_agent_gets_the_endpoint_in_its_environment(node):
     trajectories = run(node, flow, Task("cmd", "3+4=", "7"), 3)
     assert len(trajectories) == 3
     for traj in trajectories:
-        assert traj.metadata["agent_calls"] == 1 and not traj.metadata.get("reward_failed")
+        assert traj.metadata["agent_calls"] == 1 and not traj.outcome.failed
         answer = node.tokenizer.decode([t for t, m in zip(traj.tokens, traj.loss_mask,
                                                           strict=True) if m])
         assert traj.reward == float(answer.strip() == "7")  # the agent's own reward
@@ -59,11 +59,11 @@ async def run(task, client):
 ''')
     flow = workflow(node, path=str(agent), timeout=5)
     (ok,) = run(node, flow, Task("fine", "1+1=", "2"), 1)
-    assert ok.reward == 1.0 and not ok.metadata.get("reward_failed")
+    assert ok.reward == 1.0 and not ok.outcome.failed
     (boom,) = run(node, flow, Task("boom", "1+1=", "2"), 1)
-    assert boom.metadata["reward_failed"] and "the sandbox is gone" in boom.metadata["reward_error"]
+    assert boom.outcome.failed and "the sandbox is gone" in boom.outcome.reason
     (slow,) = run(node, flow, Task("slow", "1+1=", "2"), 1)
-    assert slow.metadata["reward_failed"] and "agent.timeout=5s" in slow.metadata["reward_error"]
+    assert slow.outcome.failed and "agent.timeout=5s" in slow.outcome.reason
     assert flow.failed == 2 and "the sandbox is gone" in flow.first_error
 
 
@@ -105,12 +105,12 @@ def test_agents_run_in_a_worker_process_that_may_crash_or_block(node, tmp_path, 
 
     try:
         fine = one("fine")
-        assert fine.reward == 1.0 and not fine.metadata.get("reward_failed")
+        assert fine.reward == 1.0 and not fine.outcome.failed
         first_pid = int((tmp_path / "fine").read_text())
         assert first_pid != os.getpid()  # the agent ran outside the node
         crash = one("crash")  # the worker dies mid-rollout: that rollout fails, counted
-        assert crash.metadata["reward_failed"]
-        assert "exited with code 3" in crash.metadata["reward_error"]
+        assert crash.outcome.failed
+        assert "exited with code 3" in crash.outcome.reason
         again = one("again")  # ... and the next rollout gets a new worker
         assert again.reward == 1.0 and int((tmp_path / "again").read_text()) != first_pid
         assert flow.failed == 1
@@ -128,10 +128,10 @@ def test_a_worker_that_keeps_dying_is_not_started_again(node, tmp_path, monkeypa
             task = Task(f"crash{i}", "1+1=", "2")
             task.metadata["group_id"] = task.task_id
             (traj,) = node.loop.run(flow.run(task, {"policy": node.policies["policy"]}, 1))
-            assert traj.metadata["reward_failed"]
+            assert traj.outcome.failed
         # the third rollout failed before its agent made a call: counted all the same,
         # with the prompt as context and nothing to train
-        assert "not started again" in traj.metadata["reward_error"]
+        assert "not started again" in traj.outcome.reason
         assert not any(traj.loss_mask) and traj.tokens
         assert flow.failed == 3
         assert not (tmp_path / "crash2").exists()  # no third process was started

@@ -58,7 +58,7 @@ def test_the_selector_earns_what_its_pick_adds_over_a_random_pick(tiny_model_dir
     assert [t.reward for t in solved] == [0.0, 1.0, 0.0, 1.0]
     for traj in solved:
         assert spans(tok, traj)[0] == ("prompt", task.prompt)
-        assert traj.metadata["reward_metrics"]["selected"] == 1.0
+        assert traj.outcome.metrics["selected"] == 1.0
     (picked,) = [t for t in trajs if t.policy == "selector"]
     # it picked a right one: 1.0 against a random pick's 0.5
     assert picked.reward == pytest.approx(0.5)
@@ -110,7 +110,7 @@ def test_the_tester_earns_valid_tests_that_catch_wrong_code(tiny_model_dir, task
             assert trained_text(tok, traj).startswith("f(4)==11")
     # the solver is graded by the hidden tests, not by the generated ones
     assert sorted(t.reward for t in trajs if t.policy == "solver") == [0.0, 1.0]
-    assert trajs[-1].metadata["reward_metrics"]["tests_valid"] == 1.0
+    assert trajs[-1].outcome.metrics["tests_valid"] == 1.0
 
 
 def test_a_hung_candidate_is_caught_by_the_sandbox_not_the_node(tiny_model_dir, task):

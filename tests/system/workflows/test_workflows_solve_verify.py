@@ -37,7 +37,7 @@ def test_a_rejected_wrong_answer_gets_a_retry_that_alone_earns_the_fix(tiny_mode
     assert len(first) == 2 and len(retries) == 2
     for traj in first:  # the solver's own answer, judged alone: wrong
         assert traj.reward == 0.0 and traj.group_id == "t1"
-        assert traj.metadata["reward_metrics"] == {"first_answer": 0.0, "final_answer": 1.0,
+        assert traj.outcome.metrics == {"first_answer": 0.0, "final_answer": 1.0,
                                                    "retried": 1.0}
     for traj in retries:  # judged against the task's first answers
         assert traj.reward == 1.0 and traj.group_id == "t1"
@@ -86,7 +86,7 @@ def test_an_accepted_answer_is_not_retried_and_the_pair_accuracy_is_the_first(ti
     assert [t.policy for t in trajs] == ["solver"] * 4  # all right: no verdict to balance
     for traj in trajs:
         assert traj.reward == 1.0
-        assert traj.metadata["reward_metrics"]["final_answer"] == 1.0
+        assert traj.outcome.metrics["final_answer"] == 1.0
 
 
 def test_warmstart_covers_answers_verdicts_and_retries():

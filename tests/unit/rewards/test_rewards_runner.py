@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from astraflow.rewards.base import FAILED, METRICS, RewardRunner, reward_metric_means
+from astraflow.rewards.base import FAILED, METRICS, RewardRunner, Score, reward_metric_means
 from astraflow.rl.advantages import group_advantages
-from astraflow.types import Task
+from astraflow.types import RewardOutcome, Span, Task, Trajectory
 
 TASK = Task("t", "2+2=", "4")
 
@@ -38,7 +38,7 @@ def test_a_raising_reward_fails_the_sample_with_its_traceback():
     result = score(broken)
     assert result.failed and result.value == 0.0
     assert "KeyError: 'ground_truth'" in result.error and "broken" in result.error
-    assert result.metadata()[FAILED] is True
+    assert result.outcome.failed and result.outcome.reason == result.error
 
 
 @pytest.mark.parametrize("bad", [None, "1.0", float("nan"), {"value": 1.0}, True])
@@ -78,8 +78,26 @@ def test_failed_samples_are_kept_out_of_the_group_statistics():
 
 
 def test_extra_metrics_are_averaged_per_batch():
-    metas = [{METRICS: {"len": 2.0}}, {METRICS: {"len": 4.0, "found": 1.0}}, {}]
-    assert reward_metric_means(metas) == {"reward/found": 1.0, "reward/len": 3.0}
+    outcomes = [RewardOutcome(metrics={"len": 2.0}),
+                RewardOutcome(metrics={"len": 4.0, "found": 1.0}), RewardOutcome()]
+    assert reward_metric_means(outcomes) == {"reward/found": 1.0, "reward/len": 3.0}
+
+
+def test_a_score_told_in_the_metadata_as_before_1_2_still_counts_and_warns():
+    """A workflow written for 1.1 puts ``score.metadata()`` in the trajectory's metadata:
+    it is deprecated (it warns, naming what to use) and read into the typed outcome."""
+    failed = Score(0.0, error="Traceback ...\nKeyError: 'x'")
+    with pytest.warns(FutureWarning, match="score.outcome"):
+        meta = failed.metadata()
+    assert meta == {FAILED: True, "reward_error": failed.error}
+    traj = Trajectory("t", "g", "policy", [1], [0.0], [1], [0], [Span(0, 1, "policy", 0)],
+                      0.0, {**meta, "task_type": "x"})
+    assert traj.outcome == RewardOutcome(failed=True, reason=failed.error)
+    with pytest.warns(FutureWarning):
+        scored = Score(1.0, {"len": 2.0}).metadata()
+    assert Trajectory("t", "g", "policy", [1], [0.0], [1], [0], [Span(0, 1, "policy", 0)],
+                      1.0, scored).outcome == RewardOutcome(metrics={"len": 2.0})
+    assert METRICS in scored
 
 
 def test_an_inline_reward_runs_on_the_event_loop_and_its_errors_still_fail_the_sample():
