@@ -95,12 +95,18 @@ class Intake:
             self._p.counters["submissions_duplicate"] += 1
             return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
         previous = self._p.tasks.reserve(sub.task)
-        self._stamp(sub)
-        for (group_id, policy), members in self._group(sub).items():
-            kept = self._algorithms(sub, policy, members)
-            if kept:
-                self._rows(sub, group_id, policy, members, self._advantages(policy, members))
-        items = await self._commit(sub, previous)
+        try:
+            self._stamp(sub)
+            for (group_id, policy), members in self._group(sub).items():
+                if self._algorithms(sub, policy, members):
+                    advantages = self._advantages(policy, members)
+                    self._rows(sub, group_id, policy, members, advantages)
+            items = await self._commit(sub)
+        except Exception:
+            # refused (an estimator's bad answer, a failed commit): the task may be
+            # submitted again
+            self._p.tasks.unreserve(sub.task, previous)
+            raise
         self._accepted(sub, items)
         return {"status": "accepted", "task_id": sub.task.task_id, "accepted": sub.accepted,
                 "filtered": sub.filtered, "dropped_stale": sub.dropped}
@@ -213,7 +219,7 @@ class Intake:
                 d[f"accepted:{policy}"] += 1
                 sub.accepted += 1
 
-    async def _commit(self, sub: Submission, previous: str) -> list[ItemRec]:
+    async def _commit(self, sub: Submission) -> list[ItemRec]:
         """Payloads to the log, then the rows that point at them to the store."""
         p, rows, task_id = self._p, sub.rows, sub.task.task_id
         plugins = p.algorithms.updates()
@@ -237,7 +243,6 @@ class Intake:
         try:
             await p.store.run(job, sub.deltas)
         except Exception:
-            p.tasks.unreserve(sub.task, previous)
             p.store.payloads.release(locs)
             raise
         finally:

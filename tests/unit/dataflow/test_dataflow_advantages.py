@@ -11,11 +11,15 @@ import algo_plugins
 import pytest
 from dataflow_helpers import TOKEN, submit_group
 
+from astraflow import hookimpl
+from astraflow.contracts import AdvantageEstimator
+from astraflow.dataflow.client import DataflowError
 from astraflow.dataflow.server import BackgroundServer
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.errors import ConfigError
-from astraflow.rl.advantages import EPS
+from astraflow.plugins import get_plugin_manager
+from astraflow.rl.advantages import EPS, group_advantages
 from astraflow.types import Task
 
 
@@ -128,3 +132,40 @@ def test_an_unknown_estimator_is_refused_naming_the_installed_ones(tmp_path):
     assert "pip install astraflow-plugin-advantage-rlooo" in message
     with pytest.raises(ConfigError, match="advantages names 'solver', which is not a policy"):
         DataflowSettings(store=str(tmp_path / "store"), advantages={"solver": "rloo"})
+
+
+class _FlakyEstimator(AdvantageEstimator):
+    """Answers one advantage too few the first time it is asked, then as GRPO would."""
+
+    calls = 0
+
+    def group_advantages(self, rewards, *, failed, rollouts=None, rollout_rewards=None):
+        type(self).calls += 1
+        out = group_advantages(list(rewards), failed=list(failed))
+        return out[:-1] if type(self).calls == 1 else out
+
+
+class _FlakyPlugin:
+    @hookimpl
+    def astraflow_register_advantage_estimators(self, register):
+        register("flaky", _FlakyEstimator)
+
+
+def test_a_refused_submission_can_be_submitted_again(tmp_path, connect):
+    """An estimator's bad answer refuses the submission with a 500 naming the estimator;
+    the task is not taken as done, so the node's retry of the same lease is accepted."""
+    manager = get_plugin_manager()
+    manager.register(_FlakyPlugin(), name="test-flaky-estimator")
+    settings = DataflowSettings(store=str(tmp_path / "store"), policies={"policy": 2},
+                                advantages={"policy": "flaky"}, group_size=2, batch_size=2)
+    with BackgroundServer(settings, TOKEN, registry=manager.build_registry()) as server:
+        c = connect(server, retry_for=0)
+        c.register("raas")
+        c.post_tasks([Task("t", "p")])
+        (lease,) = c.lease_tasks()
+        with pytest.raises(DataflowError) as refused:
+            submit_group(c, lease, [0.0, 1.0])
+        assert refused.value.status == 500
+        assert "advantage estimator of policy 'policy' (flaky) returned" in str(refused.value)
+        assert submit_group(c, lease, [0.0, 1.0])["status"] == "accepted"
+        assert c.status()["tasks"]["completed"] == 1
