@@ -70,6 +70,12 @@ class DataAlgorithms:
                 out.append((name, state))
         return out
 
+    def unsaved(self, updates: list[tuple[str, str]]) -> None:
+        """The states :meth:`updates` gave were not written after all (their commit
+        failed): the next :meth:`updates` gives them again."""
+        for name, _state in updates:
+            self._saved.pop(name, None)
+
     @staticmethod
     def save(conn: sqlite3.Connection, updates: list[tuple[str, str]]) -> None:
         conn.executemany(

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from astraflow.dataflow.dashboard import dashboard_router
+from astraflow.dataflow.payloads import FULL_ERRNOS
 from astraflow.dataflow.records import BatchRec, ServiceError
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
@@ -169,7 +170,7 @@ def create_app(settings: DataflowSettings, token: str,
     for router in extra_routers:
         app.include_router(router)
     app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
-    _error_handlers(app)
+    _error_handlers(app, settings)
     return app
 
 
@@ -315,7 +316,15 @@ def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build_openapi
 
 
-def _error_handlers(app: FastAPI) -> None:
+def _disk_full(settings: DataflowSettings) -> JSONResponse:
+    """507: the store's disk is full. Nothing of the request was written; clients retry
+    (a node or trainer rides it out), and the run goes on once space returns."""
+    return JSONResponse({"detail": f"disk full: the data layer's store {settings.store_path} "
+                                   "has no space left; nothing was written, retry once "
+                                   "space returns"}, status_code=507)
+
+
+def _error_handlers(app: FastAPI, settings: DataflowSettings) -> None:
     """Every refusal as a 4xx (or 5xx) whose ``detail`` says what is wrong."""
 
     @app.exception_handler(ServiceError)
@@ -333,4 +342,12 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(sqlite3.Error)
     async def store_error(_request: Request, exc: sqlite3.Error) -> JSONResponse:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return _disk_full(settings)
         return JSONResponse({"detail": f"store write failed: {exc}"}, status_code=503)
+
+    @app.exception_handler(OSError)
+    async def io_error(_request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno in FULL_ERRNOS:
+            return _disk_full(settings)
+        return JSONResponse({"detail": f"store I/O failed: {exc}"}, status_code=503)

@@ -242,8 +242,8 @@ class BatchServer:
                 return {"status": "duplicate", "batch_id": batch_id}, None
             raise ServiceError(404, f"unknown batch {batch_id!r}")
         policy, keep = rec.policy, p.algorithms.sampler is not None
-        trained, evict = p.ledger.close_batch(rec, keep, p.versions.stale,
-                                              p.settings.buffer_capacity)
+        closed = p.ledger.close_batch(rec, keep, p.versions.stale, p.settings.buffer_capacity)
+        trained, evict = closed.trained, closed.evict
         deltas = Counter({f"consumed:{policy}": len(rec.items),
                           f"replayed:{policy}": len(rec.replay)})
         deltas.update(pool_key("consumed", policy, item.pool) for item in trained)
@@ -258,9 +258,13 @@ class BatchServer:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
             conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
 
+        try:
+            await p.store.run(job, deltas)
+        except Exception:
+            p.ledger.undo_close(closed)  # the trainer's retry acknowledges it again
+            raise
         if steps_left is not None:
             self._steps_left[policy] = steps_left
-        await p.store.run(job, deltas)
         p.store.payloads.release(item.loc for item in evict)
         p.counters.update(deltas)
         p.autoscale.step(wait_seconds, step_seconds, len(rec.items))

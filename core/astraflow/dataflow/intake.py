@@ -244,6 +244,7 @@ class Intake:
             await p.store.run(job, sub.deltas)
         except Exception:
             p.store.payloads.release(locs)
+            p.algorithms.unsaved(plugins)
             raise
         finally:
             p.ledger.end_commit(committing)

@@ -156,7 +156,13 @@ class Leasing:
                          (cursor,))
             p.algorithms.save(conn, plugins)
 
-        await p.store.run(job, deltas + Counter(tasks_skipped=skipped))
+        try:
+            await p.store.run(job, deltas + Counter(tasks_skipped=skipped))
+        except Exception:
+            # the leases stay in memory, unknown to the node: they expire and are issued
+            # again; the cursor is written with the next lease
+            p.algorithms.unsaved(plugins)
+            raise
         p.counters.update(deltas)
 
     def _lease_reply(self, rec: TaskRec) -> dict[str, Any]:

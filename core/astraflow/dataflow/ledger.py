@@ -12,12 +12,27 @@ import json
 import sqlite3
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from astraflow.dataflow.records import UNKNOWN_POOL, BatchRec, ItemRec
 from astraflow.dataflow.store import FRESH, SERVED
 
 #: is an item of this policy, generated from this version, too stale to train on?
 StaleRule = Callable[[str, int], bool]
+
+
+@dataclass
+class Closed:
+    """An acknowledged batch taken out of the ledger: its items trained, those to evict,
+    and what :meth:`Ledger.undo_close` needs to put it back if the commit fails."""
+
+    rec: BatchRec
+    trained: list[ItemRec]
+    evict: list[ItemRec]
+    #: where the batch stood among its trainer's unacknowledged ones
+    position: int
+    #: replayable items pushed out of the pool by the trained ones, oldest first
+    pushed_out: list[ItemRec]
 
 
 class Ledger:
@@ -170,15 +185,15 @@ class Ledger:
             fresh[item_id] = self._in_batches.pop(item_id)
 
     def close_batch(self, rec: BatchRec, keep: bool, stale: StaleRule, capacity: int
-                    ) -> tuple[list[ItemRec], list[ItemRec]]:
-        """``rec`` was acknowledged: (its items trained, the items to evict). With
-        ``keep`` (a batch sampler replays), the trained ones join the replay pool unless
-        stale, and the oldest go past ``capacity``; else every trained item goes."""
-        self._release(rec)
+                    ) -> Closed:
+        """``rec`` was acknowledged: its items are trained. With ``keep`` (a batch
+        sampler replays), the trained ones join the replay pool unless stale, and the
+        oldest go past ``capacity``; else every trained item goes."""
+        position = self._release(rec)
         self._acked.add(rec.batch_id)
         trained = [self._in_batches.pop(item_id) for item_id in rec.items]
         if not keep:
-            return trained, trained
+            return Closed(rec, trained, trained, position, [])
         evict: list[ItemRec] = []
         pool = self._replayable[rec.policy]
         for item in trained:
@@ -186,13 +201,42 @@ class Ledger:
                 evict.append(item)
             else:
                 pool[item.id] = item
+        pushed_out = []
         while len(pool) > capacity:
-            evict.append(pool.popitem(last=False)[1])
-        return trained, evict
+            pushed_out.append(pool.popitem(last=False)[1])
+        return Closed(rec, trained, evict + pushed_out, position, pushed_out)
 
-    def _release(self, rec: BatchRec) -> None:
+    def undo_close(self, closed: Closed) -> None:
+        """The acknowledgement was not committed: the batch is outstanding again, as it
+        was."""
+        rec, pool = closed.rec, self._replayable[closed.rec.policy]
+        for item in closed.trained:
+            pool.pop(item.id, None)
+            self._in_batches[item.id] = item
+        for item in reversed(closed.pushed_out):
+            pool[item.id] = item
+            pool.move_to_end(item.id, last=False)
+        self._acked.discard(rec.batch_id)
+        self._outstanding.setdefault((rec.policy, rec.trainer_id), []).insert(
+            closed.position, rec)
+        self._batches[rec.batch_id] = rec
+
+    def undo_drop(self, policy: str, dropped: list[ItemRec], too_old: list[ItemRec]) -> None:
+        """Put back what :meth:`drop_stale` took out (the version was not committed),
+        in arrival order."""
+        fresh, pool = self._fresh[policy], self._replayable[policy]
+        fresh.update((item.id, item) for item in dropped)
+        self._fresh[policy] = dict(sorted(fresh.items()))
+        pool.update((item.id, item) for item in too_old)
+        self._replayable[policy] = OrderedDict(sorted(pool.items()))
+
+    def _release(self, rec: BatchRec) -> int:
+        """Take ``rec`` out of the outstanding batches; where it stood among its
+        trainer's."""
         key = (rec.policy, rec.trainer_id)
-        self._outstanding[key].remove(rec)
+        position = self._outstanding[key].index(rec)
+        del self._outstanding[key][position]
         if not self._outstanding[key]:
             del self._outstanding[key]
         del self._batches[rec.batch_id]
+        return position

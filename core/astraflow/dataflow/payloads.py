@@ -25,6 +25,7 @@ file at start-up means the previous process did not shut down cleanly.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import zlib
@@ -44,6 +45,15 @@ Location = tuple[int, int, int, int]
 
 class PayloadCorrupt(OSError):
     """A payload whose bytes are missing or fail their checksum."""
+
+
+class DiskFull(OSError):
+    """The store's filesystem has no space left (or the quota is spent): nothing was
+    written, and the same write may be made again once space returns."""
+
+
+#: what a write to a full filesystem fails with
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class PayloadLog:
@@ -105,24 +115,43 @@ class PayloadLog:
         The caller commits rows naming the returned locations, or calls :meth:`release`
         with them if that commit fails.
         """
-        if self._size >= self.segment_bytes:
-            self._seal()
-        locations = []
-        offset = self._size
-        for p in payloads:
-            locations.append((self.active, offset, len(p), zlib.crc32(p)))
-            offset += len(p)
-        # one writev spares a joined copy of the submission (~100 KB); past the kernel's
-        # limit on buffers per call, or after a short write, the rest goes joined
-        written = os.writev(self._fd, payloads) if len(payloads) <= _IOV_MAX else 0
-        if written < offset - self._size:
-            view = memoryview(b"".join(payloads))[written:]
-            while view:
-                view = view[os.write(self._fd, view):]
+        try:
+            if self._size >= self.segment_bytes:
+                self._seal()
+            locations = []
+            offset = self._size
+            for p in payloads:
+                locations.append((self.active, offset, len(p), zlib.crc32(p)))
+                offset += len(p)
+            self._write_at(self._size, payloads, offset - self._size)
+        except OSError as exc:
+            if exc.errno in FULL_ERRNOS:
+                raise DiskFull(exc.errno, f"no space left for trajectory payloads in "
+                               f"{self.directory}") from None
+            raise
         self._size = offset
         self._dirty = True
         self.refs[self.active] += len(payloads)
         return locations
+
+    def _write_at(self, start: int, payloads: list[bytes], total: int) -> None:
+        """Write ``payloads`` at ``start`` of the active segment. Positioned writes: a
+        write that failed part-way (a full disk) leaves its bytes past the segment's
+        size, where the next append overwrites them, and they are given back."""
+        try:
+            # one writev spares a joined copy of the submission (~100 KB); past the
+            # kernel's limit on buffers per call, or after a short write, the rest goes
+            # joined
+            written = os.pwritev(self._fd, payloads, start) if len(payloads) <= _IOV_MAX else 0
+            if written < total:
+                view = memoryview(b"".join(payloads))[written:]
+                while view:
+                    n = os.pwrite(self._fd, view, start + written)
+                    written += n
+                    view = view[n:]
+        except OSError:
+            os.ftruncate(self._fd, start)
+            raise
 
     def sync(self) -> None:
         """Make every appended byte durable (before a ``synchronous=FULL`` commit)."""
@@ -134,12 +163,13 @@ class PayloadLog:
     def _seal(self) -> None:
         with self._lock:
             full = self.active
+            fd = self._create(full + 1)  # first: if it fails, the active one goes on
             if self._dirty:
                 self._unsynced.add(full)
             os.close(self._fd)
             os.rename(self._path(full, False), self._path(full, True))
             self.active += 1
-            self._fd = self._create(self.active)
+            self._fd = fd
             self._size = 0
             self._dirty = False
         self._reclaim(full)

@@ -268,6 +268,7 @@ class DataflowService:
 
     async def set_version(self, policy: str, version: int) -> dict[str, Any]:
         """``policy`` moves to ``version``: what it makes too stale goes."""
+        was = self.versions[self.versions.check(policy)]
         if not self.versions.advance(policy, version):
             return {"policy": policy, "version": version, "dropped_stale": 0}
         self.timeline.publish(policy, version)
@@ -289,7 +290,14 @@ class DataflowService:
                          (gone,))
             self.algorithms.save(conn, plugins)
 
-        await self.store.run(job, deltas)
+        try:
+            await self.store.run(job, deltas)
+        except Exception:
+            # the trainer announces the version again: it must find it not yet there
+            self.versions.undo_advance(policy, was)
+            self.ledger.undo_drop(policy, stale, too_old)
+            self.algorithms.unsaved(plugins)
+            raise
         self.store.payloads.release(item.loc for item in stale + too_old)
         self.counters.update(deltas)
         self.signals.pulse_changed()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import queue
 import sqlite3
 import threading
@@ -36,6 +37,8 @@ from typing import Any, TypeVar
 
 from astraflow.dataflow.payloads import PayloadLog
 from astraflow.errors import ConfigError
+
+log = logging.getLogger("astraflow.dataflow")
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], Any]
@@ -139,15 +142,23 @@ class Store:
         """
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         wal = Path(f"{self.path}-wal")
+        failing = False
         try:
             while not self._stopped.wait(0.5):
                 size = wal.stat().st_size if wal.exists() else 0
-                if size:
-                    mode = "RESTART" if size > WAL_LIMIT else "PASSIVE"
+                if not size:
+                    continue
+                mode = "RESTART" if size > WAL_LIMIT else "PASSIVE"
+                try:
                     _busy, frames, copied = conn.execute(
-                        f"PRAGMA wal_checkpoint({mode})"
-                    ).fetchone()
-                    self.wal_frames_pending = max(0, frames - copied)
+                        f"PRAGMA wal_checkpoint({mode})").fetchone()
+                except sqlite3.Error as exc:  # a full disk: tried again until it passes
+                    if not failing:
+                        log.warning("the store's checkpoint failed (%s); retrying", exc)
+                    failing = True
+                    continue
+                failing = False
+                self.wal_frames_pending = max(0, frames - copied)
         finally:
             conn.close()
 

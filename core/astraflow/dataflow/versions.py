@@ -65,3 +65,7 @@ class Versions:
             )
         self._versions[policy] = version
         return version > current
+
+    def undo_advance(self, policy: str, version: int) -> None:
+        """The move to a version was not committed: ``policy`` is back at ``version``."""
+        self._versions[policy] = version
