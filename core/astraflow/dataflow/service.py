@@ -22,6 +22,7 @@ import logging
 import sqlite3
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from astraflow.dataflow import batches, intake, leasing, status
@@ -38,7 +39,7 @@ from astraflow.dataflow.records import STORE_ERRORS, ServiceError, log_failure, 
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.signals import Signals
 from astraflow.dataflow.status import StatusView
-from astraflow.dataflow.store import Store, add_counters
+from astraflow.dataflow.store import Store, StoreDamaged, add_counters
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.dataflow.timeline import Timeline
 from astraflow.dataflow.versions import Versions
@@ -98,7 +99,18 @@ class DataflowService:
     # ---- life cycle ------------------------------------------------------------------
 
     def _load(self) -> None:
-        """Rebuild the in-memory state from the store (after a restart, a crash too)."""
+        """Rebuild the in-memory state from the store (after a restart, a crash too); a
+        store that cannot be read stops the data layer, naming the file."""
+        try:
+            self._read_store()
+        except sqlite3.DatabaseError as exc:
+            self.store.abandon()
+            raise StoreDamaged(self.store.path, str(exc)) from None
+        except StoreDamaged:
+            self.store.abandon()
+            raise
+
+    def _read_store(self) -> None:
         conn = self.store.conn
         self.counters.update(dict(conn.execute("SELECT name, value FROM counters")))
         for part in (self.versions, self.nodes, self.tasks):
@@ -323,9 +335,23 @@ class DataflowService:
         return self.view.metrics()
 
 
+def _check_segments(on_disk: dict[int, Path], needed: dict[int, int], directory: Path) -> None:
+    """After a clean shutdown every segment the ledger points into is whole: one that
+    is missing or shorter than its rows need was damaged since (StoreDamaged)."""
+    for segment, end in sorted(needed.items()):
+        path = on_disk.get(segment)
+        if path is None:
+            raise StoreDamaged(directory / f"{segment:08d}.seg",
+                               "missing, and buffered trajectories point into it")
+        size = path.stat().st_size
+        if size < end:
+            raise StoreDamaged(path, f"truncated: {size} bytes, its trajectories need {end}")
+
+
 def _recover_payloads(store: Store, counters: Counter[str]) -> None:
     """Move payloads of a store from before the payload log into it, count every row's
-    payload, and check them all if the previous process did not close the log.
+    payload, and check them all if the previous process did not close the log (else
+    check that every segment its rows point into is whole).
 
     After a SIGKILL every check passes. A payload that fails its checksum can only be
     one a power cut took (``synchronous=NORMAL``): its row goes, counted as ``lost``.
@@ -344,10 +370,15 @@ def _recover_payloads(store: Store, counters: Counter[str]) -> None:
             )
         log_.release(locs)
         log.info("moved %d payloads from the database into the payload log", len(legacy))
-    referenced = {seg for (seg,) in conn.execute("SELECT DISTINCT seg FROM items")}
+    needed = dict(conn.execute("SELECT seg, max(off + len) FROM items GROUP BY seg"))
+    if not log_.recovering:
+        # the segment the log just opened to append to is not one the ledger knows
+        on_disk = {seg: path for seg, path in log_.segments_on_disk().items()
+                   if seg != log_.active}
+        _check_segments(on_disk, needed, log_.directory)
     lost: Counter[str] = Counter()
     bad: list[int] = []
-    if log_.recovering or not referenced <= set(log_.segments_on_disk()):
+    if log_.recovering:
         for item_id, policy, *loc in conn.execute(
             "SELECT id, policy, seg, off, len, crc FROM items ORDER BY seg, off"
         ):

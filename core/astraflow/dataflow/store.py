@@ -25,6 +25,7 @@ Where the transactions run depends on that choice:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import queue
@@ -76,6 +77,15 @@ _GROUP = 512
 FRESH, SERVED, CONSUMED = 0, 1, 2
 
 
+class StoreDamaged(ConfigError):
+    """A store file the data layer cannot trust: it says which and what is wrong, and
+    the data layer does not start (never a silent fresh start)."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"the data layer's store is damaged: {path}: {what}. Restore it "
+                         "from a backup, or move the store directory away to start afresh")
+
+
 class Store:
     """One SQLite database per service, guarded by an exclusive lock on the directory."""
 
@@ -91,6 +101,23 @@ class Store:
             self._lock_file.close()
             raise ConfigError(f"store {directory} is in use by another dataflow service") from None
         self.path = directory / "dataflow.sqlite3"
+        try:
+            self._open(synchronous)
+        except sqlite3.DatabaseError as exc:
+            self._lock_file.close()
+            raise StoreDamaged(self.path, str(exc)) from None
+        self.payloads = PayloadLog(directory / "payloads")
+        #: payload bytes reach the disk before the commit that points at them
+        self._sync_payloads = not self.inline
+        self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+        #: WAL frames not yet copied into the database at the last checkpoint (its lag)
+        self.wal_frames_pending = 0
+
+    def _open(self, synchronous: str) -> None:
+        """Open the database and bring its schema up to date."""
         self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -115,15 +142,6 @@ class Store:
             # a store from before batch-stage advantages: its batches were served with
             # the advantages stamped at intake (NULL), and are served so again
             self.conn.execute("ALTER TABLE batches ADD COLUMN advantages TEXT")
-        self.payloads = PayloadLog(directory / "payloads")
-        #: payload bytes reach the disk before the commit that points at them
-        self._sync_payloads = not self.inline
-        self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
-        self._checkpointer: threading.Thread | None = None
-        #: WAL frames not yet copied into the database at the last checkpoint (its lag)
-        self.wal_frames_pending = 0
 
     def start(self) -> None:
         if not self.inline:
@@ -197,6 +215,13 @@ class Store:
             self._checkpointer = None
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
+        self.payloads.close()
+        self._lock_file.close()
+
+    def abandon(self) -> None:
+        """Let go of a store that could not be loaded: its files closed, nothing written."""
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.close()
         self.payloads.close()
         self._lock_file.close()
 
