@@ -7,11 +7,16 @@ exponential backoff, and checks the rebuilt ``model.safetensors`` against the
 published sha256 before the directory is handed out. A delta chain that fails any
 check is abandoned for a full snapshot. The files of a plan download concurrently: across
 a high-latency link a chain of k deltas costs one round trip, not k.
+
+A version whose full snapshot fails its checksum too (a file altered or cut short on
+the server after it was published) is refused, with one line in the log: ``newer``
+then answers nothing new until a later version is published.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,7 +34,10 @@ from astraflow.weights._fs import atomic_file, fsync_dir, sha256_file
 from astraflow.weights.errors import CorruptError, VersionError, WeightsError
 from astraflow.weights.store import MANIFEST, MODEL_FILE, FileRef, check_policy
 
+log = logging.getLogger("astraflow.weights")
 _CHUNK = 1 << 20
+#: downloads of one file that fail its sha256 before it is taken for damaged on the server
+_VERIFY_ATTEMPTS = 2
 #: files of one plan fetched at once (each on its own pooled connection)
 _PARALLEL = 4
 
@@ -112,6 +120,10 @@ class WeightClient:
         self.http = _Http(base_url, token, retries=retries, backoff=backoff, timeout=timeout)
         self.local_dir = Path(local_dir)
         self.local_dir.mkdir(parents=True, exist_ok=True)
+        #: per policy, the version the last plan named
+        self._planned: dict[str, int] = {}
+        #: per policy, a version that failed verification even as a full snapshot
+        self._refused: dict[str, int] = {}
 
     def close(self) -> None:
         self.http.close()
@@ -158,21 +170,38 @@ class WeightClient:
                 return self._sync_once(policy, current, target, have, newer_than)
             except (CorruptError, ValueError) as exc:
                 if have is None:
-                    raise CorruptError(f"{policy}: full snapshot failed verification: {exc}") \
-                        from exc
+                    self._refuse(policy, exc, newer_than)
+                    return None
                 current = None  # broken chain: the full snapshot replaces it
             except _Gone:
                 continue
         raise VersionError(f"{policy}: files kept disappearing while syncing; is retention "
                            "too aggressive?")
 
+    def _refuse(self, policy: str, exc: Exception, newer_than: int | None) -> None:
+        """The planned version cannot be verified even from its full snapshot: said
+        once, then passed over (``newer``) or refused (``sync``)."""
+        version = self._planned.get(policy)
+        if self._refused.get(policy) != version:
+            log.warning("weights: %s v%s failed verification (%s); waiting for the next "
+                        "version", policy, version, exc)
+            self._refused[policy] = version if version is not None else -1
+        if newer_than is None:
+            raise CorruptError(f"{policy}: full snapshot of v{version} failed verification: "
+                               f"{exc}") from exc
+
     def _sync_once(self, policy: str, current: Synced | None, target: int | None,
                    have: int | None, newer_than: int | None = None) -> Synced | None:
         params = {k: v for k, v in (("have", have), ("want", target)) if v is not None}
         plan = self.http.request("GET", f"/v1/weights/{policy}/plan", params=params).json()
         manifest, files = plan["manifest"], [FileRef.from_dict(f) for f in plan["files"]]
-        if newer_than is not None and manifest["version"] <= newer_than:
+        version = self._planned[policy] = int(manifest["version"])
+        if newer_than is not None and version <= newer_than:
             return None
+        if version == self._refused.get(policy):
+            if newer_than is not None:
+                return None  # refused before: nothing new until the next version
+            raise CorruptError(f"{policy}: v{version} failed verification before")
         if not files:
             assert current is not None
             return current
@@ -235,6 +264,7 @@ class WeightClient:
             return final
         url = f"/v1/weights/{policy}/{ref.version}/files/{ref.name}"
         error: Exception | None = None
+        failed_checks = 0
         for _ in self.http.retrying():
             offset = part.stat().st_size if part.exists() else 0
             if offset >= ref.bytes:
@@ -262,6 +292,10 @@ class WeightClient:
                 return final
             part.unlink(missing_ok=True)
             error = CorruptError(f"{ref.name} of v{ref.version} failed sha256 verification")
+            failed_checks += 1
+            if failed_checks >= _VERIFY_ATTEMPTS:  # the same bytes again: damaged there
+                raise CorruptError(f"{url}: {ref.name} of v{ref.version} fails its sha256 "
+                                   f"check as served ({failed_checks} downloads)")
         raise WeightsError(f"downloading {url} failed: {error}")
 
 

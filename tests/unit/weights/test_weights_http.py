@@ -172,3 +172,38 @@ def test_a_commit_sent_again_after_its_answer_was_lost_succeeds_again(server):
     assert server.store.versions("p") == [1]
 
 
+
+
+def test_a_version_damaged_on_the_server_is_refused_once_and_the_next_one_taken(
+        server, tmp_path, caplog):
+    """A version's files altered after publication fail their checksum as a delta and
+    as a full snapshot: the node keeps its weights, says so in one line, fetches the
+    damaged version no more, and takes the next version when it comes."""
+    store = server.store
+    first = make_model()
+    store.publish("p", 1, first)
+    client = WeightClient(server.url, TOKEN, tmp_path / "node", backoff=0.01)
+    assert client.sync("p").version == 1
+    store.publish("p", 2, step(first, 2), full=True, delta_base=1)
+    for path in store.version_dir("p", 2).glob("*.safetensors"):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # altered, same size
+        path.write_bytes(bytes(data))
+
+    with caplog.at_level("WARNING", logger="astraflow.weights"):
+        assert client.newer("p", 1) is None
+        server.wrapper.log.clear()
+        assert client.newer("p", 1) is None  # asked again: the plan only, no download
+    assert [p for p, _, _ in server.wrapper.log if "/files/" in p] == []
+    said = [r.getMessage() for r in caplog.records if r.name == "astraflow.weights"]
+    assert len(said) == 1 and "p v2 failed verification" in said[0], said
+    assert "waiting for the next version" in said[0]
+    assert client.local("p").version == 1
+    with pytest.raises(WeightsError, match="v2 failed verification"):
+        client.sync("p")
+
+    third = step(store.load("p", 1), 3)
+    store.publish("p", 3, third, full=True)
+    version, path = client.newer("p", 1)
+    assert version == 3 and same(st.load(path / MODEL_FILE)[0], third)
+    client.close()
