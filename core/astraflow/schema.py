@@ -185,6 +185,10 @@ class DataflowConfig:
     #: at a run's end, tasks for this many batches beyond the last are issued, so the
     #: last batches take the first groups back, not the slowest (0: exactly the need)
     end_spare_batches: int = setting(1, ge=0)
+    #: seconds a done task, an acknowledged batch and a departed rollout node are
+    #: remembered (a late duplicate of one is answered "duplicate"); then they are
+    #: dropped from memory and the store, so a run of days keeps both bounded
+    retain_seconds: float = setting(3600.0, gt=0)
 
 
 @dataclass

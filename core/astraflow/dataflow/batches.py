@@ -242,7 +242,9 @@ class BatchServer:
                 return {"status": "duplicate", "batch_id": batch_id}, None
             raise ServiceError(404, f"unknown batch {batch_id!r}")
         policy, keep = rec.policy, p.algorithms.sampler is not None
-        closed = p.ledger.close_batch(rec, keep, p.versions.stale, p.settings.buffer_capacity)
+        now = time.time()
+        closed = p.ledger.close_batch(rec, keep, p.versions.stale, p.settings.buffer_capacity,
+                                      now)
         trained, evict = closed.trained, closed.evict
         deltas = Counter({f"consumed:{policy}": len(rec.items),
                           f"replayed:{policy}": len(rec.replay)})
@@ -256,7 +258,8 @@ class BatchServer:
                              (json.dumps([item.id for item in evict]),))
             else:
                 conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
-            conn.execute("UPDATE batches SET state = 'acked' WHERE batch_id = ?", (batch_id,))
+            conn.execute("UPDATE batches SET state = 'acked', acked_at = ? WHERE batch_id = ?",
+                         (now, batch_id))
 
         try:
             await p.store.run(job, deltas)

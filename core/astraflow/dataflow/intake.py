@@ -235,7 +235,8 @@ class Intake:
                 [(i.id, i.policy, i.task_id, i.group_id, FRESH, i.min_version, i.pool, *i.loc)
                  for i in items],
             )
-            conn.execute("UPDATE tasks SET state = 'done' WHERE task_id = ?", (task_id,))
+            conn.execute("UPDATE tasks SET state = 'done', done_at = ? WHERE task_id = ?",
+                         (sub.stamp["accepted_at"], task_id))
             p.algorithms.save(conn, plugins)
 
         committing = Counter(item.policy for item in items)
@@ -253,7 +254,7 @@ class Intake:
     def _accepted(self, sub: Submission, items: list[ItemRec]) -> None:
         """The submission is durable: the ledger, the counters and the series learn of it."""
         p = self._p
-        p.tasks.complete(sub.task.task_id)
+        p.tasks.complete(sub.task.task_id, sub.stamp["accepted_at"])
         p.counters.update(sub.deltas)
         p.ledger.add_fresh(items)
         now = time.time()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import Counter, OrderedDict
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class Ledger:
         self._outstanding: dict[tuple[str, str], list[BatchRec]] = {}
         self._batches: dict[str, BatchRec] = {}
         self._acked: set[str] = set()
+        #: (when, batch id) of the acknowledged batches, oldest first
+        self._acked_order: deque[tuple[float, str]] = deque()
         #: accepted items per policy whose commit is under way (not yet fresh)
         self._committing: Counter[str] = Counter()
         self._next_item = 1
@@ -70,13 +73,15 @@ class Ledger:
                 self._in_batches[item_id] = item
             else:
                 self._replayable[policy][item_id] = item
+        now = time.time()
         for (batch_id, policy, trainer_id, state, version, replay, created,
-             advantages) in conn.execute(
+             advantages, acked_at) in conn.execute(
             "SELECT batch_id, policy, trainer_id, state, trainer_version, replay, created_at, "
-            "advantages FROM batches ORDER BY rowid"
+            "advantages, acked_at FROM batches ORDER BY rowid"
         ):
             if state == "acked":
                 self._acked.add(batch_id)
+                self._acked_order.append((now if acked_at is None else acked_at, batch_id))
                 continue
             rec = BatchRec(
                 batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
@@ -184,13 +189,14 @@ class Ledger:
         for item_id in rec.items:
             fresh[item_id] = self._in_batches.pop(item_id)
 
-    def close_batch(self, rec: BatchRec, keep: bool, stale: StaleRule, capacity: int
-                    ) -> Closed:
-        """``rec`` was acknowledged: its items are trained. With ``keep`` (a batch
-        sampler replays), the trained ones join the replay pool unless stale, and the
-        oldest go past ``capacity``; else every trained item goes."""
+    def close_batch(self, rec: BatchRec, keep: bool, stale: StaleRule, capacity: int,
+                    when: float) -> Closed:
+        """``rec`` was acknowledged (at ``when``): its items are trained. With ``keep``
+        (a batch sampler replays), the trained ones join the replay pool unless stale,
+        and the oldest go past ``capacity``; else every trained item goes."""
         position = self._release(rec)
         self._acked.add(rec.batch_id)
+        self._acked_order.append((when, rec.batch_id))
         trained = [self._in_batches.pop(item_id) for item_id in rec.items]
         if not keep:
             return Closed(rec, trained, trained, position, [])
@@ -217,9 +223,23 @@ class Ledger:
             pool[item.id] = item
             pool.move_to_end(item.id, last=False)
         self._acked.discard(rec.batch_id)
+        if self._acked_order and self._acked_order[-1][1] == rec.batch_id:
+            self._acked_order.pop()
         self._outstanding.setdefault((rec.policy, rec.trainer_id), []).insert(
             closed.position, rec)
         self._batches[rec.batch_id] = rec
+
+    def forget_acked(self, before: float) -> int:
+        """Forget the batches acknowledged before ``before`` (an acknowledgement sent
+        again after that is refused as unknown); how many."""
+        gone = 0
+        while self._acked_order and self._acked_order[0][0] < before:
+            self._acked.discard(self._acked_order.popleft()[1])
+            gone += 1
+        return gone
+
+    def acked_count(self) -> int:
+        return len(self._acked)
 
     def undo_drop(self, policy: str, dropped: list[ItemRec], too_old: list[ItemRec]) -> None:
         """Put back what :meth:`drop_stale` took out (the version was not committed),

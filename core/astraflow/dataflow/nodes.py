@@ -100,6 +100,16 @@ class Nodes:
         self._counters.update(deltas)
         self._signals.pulse_changed()
 
+    def forget_departed(self, before: float) -> list[str]:
+        """Forget the rollout nodes that left or were retired and were last heard of
+        before ``before`` (monotonic seconds); their ids. Trainers are kept: that every
+        trainer of a policy is gone is what marks it orphaned."""
+        gone = [n.node_id for n in self._nodes.values()
+                if n.kind == "raas" and n.state != "active" and n.last_seen < before]
+        for node_id in gone:
+            del self._nodes[node_id]
+        return gone
+
     def silent(self, horizon: float) -> list[NodeRec]:
         """Active nodes last heard of before ``horizon`` (monotonic seconds)."""
         return [n for n in self._nodes.values() if n.state == "active" and n.last_seen < horizon]

@@ -66,6 +66,14 @@ class Pacing:
             seconds = max(self.clock() - since, 0.0)
             self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), seconds)
 
+    def forget(self, before: float, node_ids: list[str]) -> None:
+        """Drop leases made before ``before`` that never came back (their tasks were
+        issued again or forgotten) and the turnarounds of departed nodes."""
+        for task_id in [t for t, at in self._leased.items() if at < before]:
+            del self._leased[task_id]
+        for node_id in node_ids:
+            self._turnaround.pop(node_id, None)
+
     def turnaround(self, node_id: str) -> float | None:
         return self._turnaround.get(node_id)
 

@@ -139,9 +139,11 @@ class DataflowService:
         self.signals.close()
 
     async def _reap_forever(self) -> None:
-        """Expire leases past their deadline; retire nodes that missed their heartbeats."""
+        """Expire leases past their deadline; retire nodes that missed their heartbeats;
+        forget what is older than ``retain_seconds``."""
         s = self.settings
         interval = max(0.05, min(0.5, s.lease_seconds / 4, s.heartbeat_timeout / 4))
+        retain_every, retained = max(0.5, min(60.0, s.retain_seconds / 10)), time.monotonic()
         while True:
             await asyncio.sleep(interval)
             try:
@@ -150,8 +152,36 @@ class DataflowService:
                 for node in self.nodes.silent(time.monotonic() - s.heartbeat_timeout):
                     log.info("node %s missed its heartbeats: retired", node.node_id)
                     await self.nodes.retire(node, "retired")
+                if time.monotonic() - retained >= retain_every:
+                    retained = time.monotonic()
+                    await self._forget_old()
             except STORE_ERRORS:
                 log.exception("dataflow reaper failed; retrying")
+
+    async def _forget_old(self) -> None:
+        """Done tasks, acknowledged batches and departed rollout nodes older than
+        ``retain_seconds`` leave memory and the store: a long run stays bounded."""
+        retain = self.settings.retain_seconds
+        before, before_mono = time.time() - retain, time.monotonic() - retain
+        tasks, batches = self.tasks.forget_done(before), self.ledger.forget_acked(before)
+        nodes = self.nodes.forget_departed(before_mono)
+        self.pacing.forget(before_mono, nodes)
+        for node_id in nodes:
+            self.timeline.forget_node(node_id)
+        if not (tasks or batches or nodes):
+            return
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM tasks WHERE state = 'done' AND done_at < ?", (before,))
+            conn.execute("DELETE FROM batches WHERE state = 'acked' AND acked_at < ?",
+                         (before,))
+            conn.execute("DELETE FROM nodes WHERE node_id IN (SELECT value FROM json_each(?))",
+                         (json.dumps(nodes),))
+
+        await self.store.run(job, Counter(tasks_forgotten=tasks, batches_forgotten=batches,
+                                          nodes_forgotten=len(nodes)))
+        self.counters.update(tasks_forgotten=tasks, batches_forgotten=batches,
+                             nodes_forgotten=len(nodes))
 
     # ---- nodes -----------------------------------------------------------------------
 
@@ -357,6 +387,13 @@ def _recover_payloads(store: Store, counters: Counter[str]) -> None:
     one a power cut took (``synchronous=NORMAL``): its row goes, counted as ``lost``.
     """
     conn, log_ = store.conn, store.payloads
+    if not log_.recovering:
+        # the segment the log just opened to append to is not one the ledger knows
+        on_disk = {seg: path for seg, path in log_.segments_on_disk().items()
+                   if seg != log_.active}
+        _check_segments(on_disk, dict(conn.execute(
+            "SELECT seg, max(off + len) FROM items WHERE seg IS NOT NULL GROUP BY seg")),
+            log_.directory)
     legacy = conn.execute("SELECT id, payload FROM items WHERE seg IS NULL").fetchall()
     if legacy:
         locs = log_.append([bytes(p) for _id, p in legacy])
@@ -370,12 +407,6 @@ def _recover_payloads(store: Store, counters: Counter[str]) -> None:
             )
         log_.release(locs)
         log.info("moved %d payloads from the database into the payload log", len(legacy))
-    needed = dict(conn.execute("SELECT seg, max(off + len) FROM items GROUP BY seg"))
-    if not log_.recovering:
-        # the segment the log just opened to append to is not one the ledger knows
-        on_disk = {seg: path for seg, path in log_.segments_on_disk().items()
-                   if seg != log_.active}
-        _check_segments(on_disk, needed, log_.directory)
     lost: Counter[str] = Counter()
     bad: list[int] = []
     if log_.recovering:

@@ -61,6 +61,8 @@ class DataflowSettings:
     #: so the last batches take the first groups back instead of waiting for the
     #: slowest (0: exactly what the run needs; the spare is left over, reported apart)
     end_spare_batches: int = like(_DATAFLOW["end_spare_batches"])
+    #: seconds done tasks, acknowledged batches and departed nodes are remembered
+    retain_seconds: float = like(_DATAFLOW["retain_seconds"])
     task: Any = None
     data: dict[str, Any] = field(default_factory=dict)
     max_body_bytes: int = setting(64 * 1024 * 1024, ge=1)
@@ -128,6 +130,7 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
         buffer_capacity=int(df.buffer_capacity),
         heartbeat_timeout=float(df.heartbeat_timeout),
         end_spare_batches=int(df.end_spare_batches),
+        retain_seconds=float(df.retain_seconds),
         task=_plain(cfg.task),
         data=data,
     )

@@ -116,7 +116,13 @@ class StatusView:
             "trajectories": {name: sum(c[f"{name}:{policy}"] for policy in p.versions.policies)
                              for name in EVENTS},
             "store": {"wal_frames_pending": store.wal_frames_pending,
-                      "payload_log": store.payloads.stats()},
+                      "payload_log": store.payloads.stats(),
+                      "database_bytes": store.database_bytes()},
+            "retention": {"seconds": p.settings.retain_seconds,
+                          "tasks_remembered": p.tasks.done_count(),
+                          "batches_remembered": p.ledger.acked_count(),
+                          **{f"{what}_forgotten": c[f"{what}_forgotten"]
+                             for what in ("tasks", "batches", "nodes")}},
             "source": p.tasks.source.stats() if p.tasks.source is not None else {},
         }
 

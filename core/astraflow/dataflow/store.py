@@ -31,6 +31,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,11 @@ CREATE TABLE IF NOT EXISTS batches(
     state TEXT NOT NULL, trainer_version INTEGER NOT NULL, replay TEXT NOT NULL,
     created_at REAL NOT NULL, advantages TEXT);
 CREATE TABLE IF NOT EXISTS plugin_state(name TEXT PRIMARY KEY, state TEXT NOT NULL);
+"""
+#: what retention deletes by (after the columns a store from before it gains)
+RETENTION = """
+CREATE INDEX IF NOT EXISTS tasks_done ON tasks(done_at) WHERE state = 'done';
+CREATE INDEX IF NOT EXISTS batches_acked ON batches(acked_at) WHERE state = 'acked';
 """
 
 #: WAL size beyond which the checkpointer may briefly block the writer to catch up
@@ -138,10 +144,23 @@ class Store:
         if "pool" not in {row[1] for row in self.conn.execute("PRAGMA table_info(items)")}:
             # a store from before per-pool accounting: its items' pools are unknown
             self.conn.execute("ALTER TABLE items ADD COLUMN pool TEXT")
-        if "advantages" not in {row[1] for row in self.conn.execute("PRAGMA table_info(batches)")}:
+        batches = {row[1] for row in self.conn.execute("PRAGMA table_info(batches)")}
+        if "advantages" not in batches:
             # a store from before batch-stage advantages: its batches were served with
             # the advantages stamped at intake (NULL), and are served so again
             self.conn.execute("ALTER TABLE batches ADD COLUMN advantages TEXT")
+        # a store from before retention: its done tasks and acknowledged batches count
+        # as done now, and are forgotten retain_seconds later
+        if "acked_at" not in batches:
+            self.conn.execute("ALTER TABLE batches ADD COLUMN acked_at REAL")
+        if "done_at" not in {row[1] for row in self.conn.execute("PRAGMA table_info(tasks)")}:
+            self.conn.execute("ALTER TABLE tasks ADD COLUMN done_at REAL")
+        self.conn.executescript(RETENTION)
+        now = time.time()
+        self.conn.execute("UPDATE tasks SET done_at = ? WHERE state = 'done' AND done_at IS NULL",
+                          (now,))
+        self.conn.execute("UPDATE batches SET acked_at = ? WHERE state = 'acked' "
+                          "AND acked_at IS NULL", (now,))
 
     def start(self) -> None:
         if not self.inline:
@@ -217,6 +236,11 @@ class Store:
         self.conn.close()
         self.payloads.close()
         self._lock_file.close()
+
+    def database_bytes(self) -> int:
+        """The database and its WAL on disk (the payloads are apart)."""
+        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal"))
+                   if p.exists())
 
     def abandon(self) -> None:
         """Let go of a store that could not be loaded: its files closed, nothing written."""

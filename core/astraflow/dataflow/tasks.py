@@ -3,8 +3,9 @@ deadlines, and the cursor into the run's task source.
 
 Tasks come from the source (epoch after epoch) or from ``POST /v1/tasks``. A leased
 task goes back to the front of the queue when its deadline passes or its node leaves;
-a task is done once a submission for it is committed. The queue holds the state only:
-what is written to the store, and when, is its callers' to decide.
+a task is done once a submission for it is committed, and remembered as done (a late
+duplicate is answered "duplicate") for ``retain_seconds``. The queue holds the state
+only: what is written to the store, and when, is its callers' to decide.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import heapq
 import itertools
 import json
 import sqlite3
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +30,8 @@ class TaskQueue:
         self.source = source
         self._tasks: dict[str, TaskRec] = {}  # not yet done
         self._done: set[str] = set()
+        #: (when, task id) of the done tasks, oldest first: what retention forgets
+        self._done_order: deque[tuple[float, str]] = deque()
         self._ready: deque[str] = deque()  # pending task ids, re-issues first
         self._expiry: list[tuple[float, str, int]] = []  # (deadline, task id, attempt)
         self._next_seq = 1
@@ -51,7 +55,12 @@ class TaskQueue:
                 self._ready.append(rec.task_id)
             elif rec.deadline is not None:
                 heapq.heappush(self._expiry, (rec.deadline, rec.task_id, rec.attempt))
-        self._done = {r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE state = 'done'")}
+        now = time.time()
+        for task_id, done_at in conn.execute(
+                "SELECT task_id, done_at FROM tasks WHERE state = 'done' "
+                "ORDER BY done_at IS NOT NULL, done_at"):
+            self._done.add(task_id)
+            self._done_order.append((now if done_at is None else done_at, task_id))
         self._next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
 
     # ---- what is in it ---------------------------------------------------------------
@@ -81,7 +90,8 @@ class TaskQueue:
             return None
         rec = self._tasks.get(task_id)
         if rec is None:
-            raise ServiceError(404, f"lease {lease_id!r} names an unknown task")
+            raise ServiceError(404, f"lease {lease_id!r} names a task unknown here (never "
+                                    "issued, or done longer ago than retain_seconds)")
         if not 1 <= int(attempt) <= rec.attempt:
             raise ServiceError(409, f"lease {lease_id!r} was never issued")
         return None if rec.state == "done" else rec
@@ -163,9 +173,22 @@ class TaskQueue:
     def unreserve(self, rec: TaskRec, previous: str) -> None:
         rec.state = previous
 
-    def complete(self, task_id: str) -> None:
+    def complete(self, task_id: str, when: float) -> None:
         del self._tasks[task_id]
         self._done.add(task_id)
+        self._done_order.append((when, task_id))
+
+    def forget_done(self, before: float) -> int:
+        """Forget the tasks done before ``before`` (their duplicates are refused as
+        unknown from now on); how many. The store deletes its rows alike."""
+        gone = 0
+        while self._done_order and self._done_order[0][0] < before:
+            self._done.discard(self._done_order.popleft()[1])
+            gone += 1
+        return gone
+
+    def done_count(self) -> int:
+        return len(self._done)
 
     # ---- tasks posted over HTTP ------------------------------------------------------
 

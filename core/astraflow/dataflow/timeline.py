@@ -87,6 +87,14 @@ class Timeline:
         marks = self._rate_marks.setdefault(node_id, deque(maxlen=64))
         marks.append((self.clock(), self.accepted[node_id]))
 
+    def forget_node(self, node_id: str) -> None:
+        """A departed node no longer shows."""
+        self.held.pop(node_id, None)
+        self.accepted.pop(node_id, None)
+        self._rate_marks.pop(node_id, None)
+        for key in [k for k in self.reached if k[0] == node_id]:
+            del self.reached[key]
+
     def rate(self, node_id: str, window: float = 60.0) -> float:
         """Trajectories per second the node delivered over the last ``window`` seconds."""
         marks = self._rate_marks.get(node_id)
