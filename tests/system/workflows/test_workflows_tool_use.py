@@ -100,9 +100,11 @@ def test_malformed_tool_calls_get_an_error_not_an_exception(expression):
 
 def test_the_python_tool_runs_in_the_sandbox_and_a_hung_call_costs_one_turn(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
-    config = ToolUseConfig(tool="python")
-    config.sandbox.timeout = 1.0
-    workflow = ToolUseWorkflow(config, tok, ExactMatch())
+    # only the hung call below is given a 1 s timeout: on a loaded machine starting the
+    # sandbox's interpreter alone can take that long
+    hasty, patient = ToolUseConfig(tool="python"), ToolUseConfig(tool="python")
+    hasty.sandbox.timeout, patient.sandbox.timeout = 1.0, 30.0
+    workflow = ToolUseWorkflow(patient, tok, ExactMatch())
     eos = tok.decode([tok.eos_token_id])
     task = Task("t1", "12*7=", "84")
     policy = ScriptedPolicy(tok, ["python(12*7)", "84" + eos])
@@ -111,9 +113,10 @@ def test_the_python_tool_runs_in_the_sandbox_and_a_hung_call_costs_one_turn(tiny
     assert traj.reward == 1.0 and traj.metadata["tool_calls"] == 1
     # a call that does not end in time, one that raises, one whose output ("True") the
     # tiny vocabulary cannot spell: each answers in one word and the episode goes on
-    for call, answer in (("9**9**9", "timeout"), ("1/0", "error"), ("1==1", "error")):
+    for call, answer, flow in (("9**9**9", "timeout", ToolUseWorkflow(hasty, tok, ExactMatch())),
+                               ("1/0", "error", workflow), ("1==1", "error", workflow)):
         policy = ScriptedPolicy(tok, [f"python({call})", "84" + eos])
-        (traj,) = asyncio.run(workflow.run(task, {"policy": policy}, 1))
+        (traj,) = asyncio.run(flow.run(task, {"policy": policy}, 1))
         assert tok.decode(policy.prompts[1]) == f"12*7=python({call})={answer},"
         assert traj.reward == 1.0
 
