@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--order", choices=ORDERS)
     parser.add_argument("--lease-seconds", type=float)
+    parser.add_argument("--retain-seconds", type=float,
+                        help="how long done tasks and acknowledged batches are remembered")
     parser.add_argument("--buffer-capacity", type=int)
     parser.add_argument("--heartbeat-timeout", type=float)
     parser.add_argument("--max-body-bytes", type=int)
@@ -71,6 +73,7 @@ def _settings(args: argparse.Namespace) -> DataflowSettings:
         "batch_size": args.batch_size,
         "order": args.order,
         "lease_seconds": args.lease_seconds,
+        "retain_seconds": args.retain_seconds,
         "buffer_capacity": args.buffer_capacity,
         "heartbeat_timeout": args.heartbeat_timeout,
         "max_body_bytes": args.max_body_bytes,

@@ -117,7 +117,7 @@ class StatusView:
                              for name in EVENTS},
             "store": {"wal_frames_pending": store.wal_frames_pending,
                       "payload_log": store.payloads.stats(),
-                      "database_bytes": store.database_bytes()},
+                      **store.sizes()},
             "retention": {"seconds": p.settings.retain_seconds,
                           "tasks_remembered": p.tasks.done_count(),
                           "batches_remembered": p.ledger.acked_count(),

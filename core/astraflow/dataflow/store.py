@@ -237,10 +237,11 @@ class Store:
         self.payloads.close()
         self._lock_file.close()
 
-    def database_bytes(self) -> int:
-        """The database and its WAL on disk (the payloads are apart)."""
-        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal"))
-                   if p.exists())
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk of the database and of its WAL (the payloads are apart)."""
+        return {name: path.stat().st_size if path.exists() else 0
+                for name, path in (("database_bytes", self.path),
+                                   ("wal_bytes", Path(f"{self.path}-wal")))}
 
     def abandon(self) -> None:
         """Let go of a store that could not be loaded: its files closed, nothing written."""
