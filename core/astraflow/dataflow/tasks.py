@@ -153,6 +153,20 @@ class TaskQueue:
             rec.state, rec.node_id, rec.deadline = "leased", node_id, deadline
             rec.attempt += 1
             heapq.heappush(self._expiry, (deadline, rec.task_id, rec.attempt))
+        if len(self._expiry) > 2 * len(self._tasks) + 1024:
+            self._compact_expiry()
+
+    def _compact_expiry(self) -> None:
+        """Drop the deadlines of leases that ended (their task is done, or was leased
+        again): a task done long before its deadline would otherwise keep its entry for
+        ``lease_seconds`` -- at a high rate with long leases, most of the heap."""
+        live = []
+        for entry in self._expiry:
+            rec = self._tasks.get(entry[1])
+            if rec is not None and rec.state == "leased" and rec.attempt == entry[2]:
+                live.append(entry)
+        heapq.heapify(live)
+        self._expiry = live
 
     def release_node(self, node_id: str, now: float) -> None:
         """A node is gone: its leases may be issued again at once."""
