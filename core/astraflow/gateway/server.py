@@ -231,7 +231,7 @@ class Gateway:
 
     def _role(self, session: Session, body: dict[str, Any]) -> str:
         model = body.get("model")
-        if model not in session.policies:
+        if not isinstance(model, str) or model not in session.policies:
             served = ", ".join(session.policies)
             raise GatewayError(404, f"the model {model!r} does not exist here; this rollout "
                                f"can call: {served}", "model", kind="not_found_error")
@@ -240,6 +240,8 @@ class Gateway:
     def _sampling(self, body: dict[str, Any], prompt_len: int, tools: bool) -> dict[str, Any]:
         s = self.settings
         limit = self.tokenizer.context_length
+        if prompt_len == 0:
+            raise _bad("the prompt renders to no tokens: give it some text", "messages")
         if limit is not None and prompt_len >= limit:
             raise _bad(f"This model's maximum context length is {limit} tokens; the prompt "
                        f"is {prompt_len} tokens. Shorten the messages.", "messages")
@@ -256,7 +258,10 @@ class Gateway:
                        "stop")
         stop_ids = list(self.tokenizer.stop_token_ids)
         for text in stops:
-            ids = self.tokenizer.encode(text)
+            try:
+                ids = self.tokenizer.encode(text)
+            except ValueError as exc:  # text this tokenizer cannot spell
+                raise _bad(f"'stop': {exc}", "stop") from exc
             if len(ids) == 1:
                 stop_ids.append(ids[0])
         if tools:
@@ -316,8 +321,18 @@ class Gateway:
             raise _bad("'messages' must be a non-empty list of objects with a 'role'",
                        "messages")
         tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise _bad("'tools' must be a list", "tools")
+        if tools is not None and not (isinstance(tools, list) and all(
+                isinstance(t, dict) and isinstance(t.get("function", {}), dict)
+                for t in tools)):
+            raise _bad("'tools' must be a list of objects, each with a 'function' object",
+                       "tools")
+        for i, m in enumerate(messages):
+            calls = m.get("tool_calls")
+            if calls is not None and not (isinstance(calls, list) and all(
+                    isinstance(c, dict) and isinstance(c.get("function", {}), dict)
+                    for c in calls)):
+                raise _bad(f"messages[{i}].tool_calls must be a list of objects, each with "
+                           "a 'function' object", "messages")
         if body.get("tool_choice") == "none":
             tools = None
         if self.tokenizer.chat_template is None:
