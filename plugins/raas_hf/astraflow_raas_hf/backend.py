@@ -59,6 +59,7 @@ class _SwapAtStep(LogitsProcessor):
         self.backend, self.width = backend, width
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.backend.decode_steps += 1
         if self.backend._swap is not None:
             self.backend._apply_swap(input_ids.shape[1] - self.width + 1)
         return scores
@@ -96,6 +97,8 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         #: weights waiting for the next decode step, and the (first token, version)
         #: switches of the generation under way
         self._swap: _Swap | None = None
+        #: decode steps taken so far (a test knows from it that a generation is under way)
+        self.decode_steps = 0
         self._swap_lock = threading.Lock()
         self._switches: list[tuple[int, int]] = []
 

@@ -18,8 +18,12 @@ class TestHFRolloutContract(RolloutBackendContract):
             tiny_model_dir, "12+30=", temperature=0.0, max_new_tokens=LONG,
             stop_token_ids=[0])))[0]
         noisy = perturbed_copy(tiny_model_dir, tmp_path / "noisy", scale=0.05)
+        # under way: a decode step taken (the engine merely busy may not have sampled
+        # yet, and a swap before the first token takes every token new)
+        steps = backend.decode_steps
         gen, order = loop.run(self._swap_during(
-            backend, tiny_model_dir, noisy, old + 1, started=lambda: not backend._idle.is_set()))
+            backend, tiny_model_dir, noisy, old + 1,
+            started=lambda: backend.decode_steps > steps))
         versions = gen.versions()
         switch = versions.index(old + 1)
         assert order == ["swap", "generation"]
