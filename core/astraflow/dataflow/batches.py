@@ -11,22 +11,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
-from astraflow.dataflow.autoscale import AutoscaleWindow
-from astraflow.dataflow.ledger import Ledger
-from astraflow.dataflow.pacing import Pacing
+from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.payloads import PayloadCorrupt
 from astraflow.dataflow.records import BatchRec, ItemRec, ServiceError, pool_key
-from astraflow.dataflow.settings import DataflowSettings
-from astraflow.dataflow.signals import Signals
-from astraflow.dataflow.store import CONSUMED, SERVED, Store
-from astraflow.dataflow.timeline import Timeline
-from astraflow.dataflow.versions import Versions
+from astraflow.dataflow.store import CONSUMED, SERVED
 from astraflow.dataflow.wire import decode_trajectory, reward_failed
 from astraflow.types import Trajectory
 
@@ -37,25 +29,8 @@ PIPELINE_DEPTH = 2
 Served = tuple[BatchRec, dict[int, bytes], bool]
 
 
-@dataclass
-class Collaborators:
-    """What the batch server works with, named once."""
-
-    settings: DataflowSettings
-    store: Store
-    counters: Counter[str]
-    ledger: Ledger
-    versions: Versions
-    algorithms: DataAlgorithms
-    advantages: Advantages
-    signals: Signals
-    pacing: Pacing
-    timeline: Timeline
-    autoscale: AutoscaleWindow
-
-
 class BatchServer:
-    def __init__(self, parts: Collaborators) -> None:
+    def __init__(self, parts: Parts) -> None:
         self._p = parts
         #: per policy, the steps its trainer said it has still to take (at its last ack)
         self._steps_left: dict[str, int] = {}

@@ -14,11 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
-from astraflow.dataflow.autoscale import AutoscaleWindow
-from astraflow.dataflow.ledger import Ledger
-from astraflow.dataflow.nodes import Nodes
-from astraflow.dataflow.pacing import Pacing
+from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.records import (
     UNKNOWN_POOL,
     ItemRec,
@@ -27,12 +23,7 @@ from astraflow.dataflow.records import (
     pool_key,
     stale_key,
 )
-from astraflow.dataflow.settings import DataflowSettings
-from astraflow.dataflow.signals import Signals
-from astraflow.dataflow.store import FRESH, Store
-from astraflow.dataflow.tasks import TaskQueue
-from astraflow.dataflow.timeline import Timeline
-from astraflow.dataflow.versions import Versions
+from astraflow.dataflow.store import FRESH
 from astraflow.dataflow.wire import CheckedTrajectory, SubmitIn, check_trajectories
 from astraflow.types import Task, Trajectory
 
@@ -61,27 +52,8 @@ class Submission:
     payloads: list[bytes] = field(default_factory=list)
 
 
-@dataclass
-class Collaborators:
-    """What intake works with, named once."""
-
-    settings: DataflowSettings
-    store: Store
-    counters: Counter[str]
-    tasks: TaskQueue
-    ledger: Ledger
-    nodes: Nodes
-    versions: Versions
-    algorithms: DataAlgorithms
-    advantages: Advantages
-    signals: Signals
-    pacing: Pacing
-    timeline: Timeline
-    autoscale: AutoscaleWindow
-
-
 class Intake:
-    def __init__(self, parts: Collaborators) -> None:
+    def __init__(self, parts: Parts) -> None:
         self._p = parts
         #: the first traceback of a failed reward per policy (for the console and metrics)
         self.reward_errors: dict[str, str] = {}

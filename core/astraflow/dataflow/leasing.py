@@ -8,46 +8,18 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from astraflow.dataflow.admission import Grant, PolicyView, Snapshot, admit
-from astraflow.dataflow.algorithms import DataAlgorithms
 from astraflow.dataflow.batches import BatchServer
-from astraflow.dataflow.ledger import Ledger
-from astraflow.dataflow.nodes import Nodes
-from astraflow.dataflow.pacing import Pacing
+from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.records import NodeRec, TaskRec
-from astraflow.dataflow.settings import DataflowSettings
-from astraflow.dataflow.signals import Signals
-from astraflow.dataflow.store import Store
-from astraflow.dataflow.tasks import TaskQueue
-from astraflow.dataflow.timeline import Timeline
-from astraflow.dataflow.versions import Versions
 from astraflow.dataflow.wire import LeaseIn, TasksIn
 
 
-@dataclass
-class Collaborators:
-    """What leasing works with, named once."""
-
-    settings: DataflowSettings
-    store: Store
-    counters: Counter[str]
-    tasks: TaskQueue
-    ledger: Ledger
-    nodes: Nodes
-    versions: Versions
-    algorithms: DataAlgorithms
-    batches: BatchServer
-    signals: Signals
-    pacing: Pacing
-    timeline: Timeline
-
-
 class Leasing:
-    def __init__(self, parts: Collaborators) -> None:
-        self._p = parts
+    def __init__(self, parts: Parts, batches: BatchServer) -> None:
+        self._p, self._batches = parts, batches
         #: per policy, how often admission control issued nothing, by reason
         self.refusals: dict[str, Counter[str]] = {p: Counter() for p in parts.versions.policies}
 
@@ -70,10 +42,10 @@ class Leasing:
                 samples_per_task=self.samples_per_task(policy),
                 buffered=p.ledger.buffered(policy), committing=p.ledger.committing(policy),
                 lag=max(0, current - held.get(policy, current)),
-                running=p.batches.unpublished(policy, batches), held_batches=len(batches),
+                running=self._batches.unpublished(policy, batches), held_batches=len(batches),
                 meanwhile=p.pacing.steps_meanwhile(policy, node_id) if node_id else 0.0,
                 turnaround=p.pacing.turnaround(node_id or ""),
-                steps_left=p.batches.steps_left(policy), orphaned=p.nodes.orphaned(policy))
+                steps_left=self._batches.steps_left(policy), orphaned=p.nodes.orphaned(policy))
         return Snapshot(s.batch_size, s.buffer_capacity, s.end_spare_batches,
                         p.tasks.in_flight(), views)
 

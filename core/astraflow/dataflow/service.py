@@ -25,7 +25,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from astraflow.dataflow import batches, intake, leasing, status
 from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
 from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.batches import BatchServer, Served
@@ -34,6 +33,7 @@ from astraflow.dataflow.leasing import Leasing
 from astraflow.dataflow.ledger import Ledger
 from astraflow.dataflow.nodes import Nodes
 from astraflow.dataflow.pacing import Pacing
+from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.payloads import PayloadCorrupt
 from astraflow.dataflow.records import STORE_ERRORS, ServiceError, log_failure, stale_key
 from astraflow.dataflow.settings import DataflowSettings
@@ -73,25 +73,13 @@ class DataflowService:
         self.pacing = Pacing()
         #: the dashboard's series (steps, staleness, evaluations, refreshes)
         self.timeline = Timeline()
-        # short names for the collaborators most of the others work with
-        st, c, led, v, alg, sig, pace = (self.store, self.counters, self.ledger, self.versions,
-                                         self.algorithms, self.signals, self.pacing)
-        self.batches = BatchServer(batches.Collaborators(
-            settings=s, store=st, counters=c, ledger=led, versions=v, algorithms=alg,
-            advantages=self.advantages, signals=sig, pacing=pace, timeline=self.timeline,
-            autoscale=self.autoscale))
-        self.leasing = Leasing(leasing.Collaborators(
-            settings=s, store=st, counters=c, tasks=self.tasks, ledger=led, nodes=self.nodes,
-            versions=v, algorithms=alg, batches=self.batches, signals=sig, pacing=pace,
-            timeline=self.timeline))
-        self.intake = Intake(intake.Collaborators(
-            settings=s, store=st, counters=c, tasks=self.tasks, ledger=led, nodes=self.nodes,
-            versions=v, algorithms=alg, advantages=self.advantages, signals=sig, pacing=pace,
-            timeline=self.timeline, autoscale=self.autoscale))
-        self.view = StatusView(status.Collaborators(
-            settings=s, store=self.store, counters=self.counters, tasks=self.tasks,
-            ledger=self.ledger, nodes=self.nodes, versions=self.versions, intake=self.intake,
-            leasing=self.leasing, pacing=self.pacing, autoscale=self.autoscale))
+        parts = Parts(s, self.store, self.counters, self.tasks, self.ledger, self.nodes,
+                      self.versions, self.algorithms, self.advantages, self.signals,
+                      self.pacing, self.timeline, self.autoscale)
+        self.batches = BatchServer(parts)
+        self.leasing = Leasing(parts, self.batches)
+        self.intake = Intake(parts)
+        self.view = StatusView(parts, self.intake, self.leasing)
         self._load()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[Any] | None = None

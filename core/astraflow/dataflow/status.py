@@ -7,21 +7,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
-from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.intake import Intake
 from astraflow.dataflow.leasing import Leasing
-from astraflow.dataflow.ledger import Ledger
-from astraflow.dataflow.nodes import Nodes
-from astraflow.dataflow.pacing import Pacing
+from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.records import prom_label, share
-from astraflow.dataflow.settings import DataflowSettings
-from astraflow.dataflow.store import Store
-from astraflow.dataflow.tasks import TaskQueue
-from astraflow.dataflow.versions import Versions
 
 #: per-policy trajectory events, as counted (``<event>:<policy>``)
 EVENTS = ("accepted", "filtered", "consumed", "dropped_stale", "dropped_no_trainer",
@@ -29,26 +20,9 @@ EVENTS = ("accepted", "filtered", "consumed", "dropped_stale", "dropped_no_train
 TASK_EVENTS = ("issued", "leased", "completed", "reissued", "posted", "skipped")
 
 
-@dataclass
-class Collaborators:
-    """What the view reads, named once."""
-
-    settings: DataflowSettings
-    store: Store
-    counters: Counter[str]
-    tasks: TaskQueue
-    ledger: Ledger
-    nodes: Nodes
-    versions: Versions
-    intake: Intake
-    leasing: Leasing
-    pacing: Pacing
-    autoscale: AutoscaleWindow
-
-
 class StatusView:
-    def __init__(self, parts: Collaborators) -> None:
-        self._p = parts
+    def __init__(self, parts: Parts, intake: Intake, leasing: Leasing) -> None:
+        self._p, self._intake, self._leasing = parts, intake, leasing
         self.started_at = time.time()
 
     def by_pool(self, event: str) -> dict[str, dict[str, int]]:
@@ -160,9 +134,9 @@ class StatusView:
                 "trainer_gone": p.nodes.orphaned(policy),
                 "dropped_stale_by_pool": stale[policy],
                 **{name: c[f"{name}:{policy}"] for name in (*EVENTS, "produced", "reward_failed")},
-                "first_reward_error": p.intake.reward_errors.get(policy),
-                "first_accepted_at": p.intake.first_accepted.get(policy),
-                "admission_refusals": dict(p.leasing.refusals[policy]),
+                "first_reward_error": self._intake.reward_errors.get(policy),
+                "first_accepted_at": self._intake.first_accepted.get(policy),
+                "admission_refusals": dict(self._leasing.refusals[policy]),
                 **self._yield(policy, produced[policy], consumed[policy], stale[policy]),
             }
             for policy in p.versions.policies
