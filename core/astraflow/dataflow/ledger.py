@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from astraflow.dataflow.records import UNKNOWN_POOL, BatchRec, ItemRec
+from astraflow.dataflow.records import UNKNOWN_POOL, BatchRec, ItemRec, Remembered
 from astraflow.dataflow.store import FRESH, SERVED
 
 #: is an item of this policy, generated from this version, too stale to train on?
@@ -46,9 +46,8 @@ class Ledger:
         #: per (policy, trainer id), its unacknowledged batches in the order served
         self._outstanding: dict[tuple[str, str], list[BatchRec]] = {}
         self._batches: dict[str, BatchRec] = {}
-        self._acked: set[str] = set()
-        #: (when, batch id) of the acknowledged batches, oldest first
-        self._acked_order: deque[tuple[float, str]] = deque()
+        #: acknowledged batches, and when each was: what retention forgets
+        self._acked = Remembered()
         #: accepted items per policy whose commit is under way (not yet fresh)
         self._committing: Counter[str] = Counter()
         self._next_item = 1
@@ -80,8 +79,7 @@ class Ledger:
             "advantages, acked_at FROM batches ORDER BY rowid"
         ):
             if state == "acked":
-                self._acked.add(batch_id)
-                self._acked_order.append((now if acked_at is None else acked_at, batch_id))
+                self._acked.add(batch_id, now if acked_at is None else acked_at)
                 continue
             rec = BatchRec(
                 batch_id, policy, trainer_id, served.get(batch_id, []), json.loads(replay),
@@ -195,8 +193,7 @@ class Ledger:
         (a batch sampler replays), the trained ones join the replay pool unless stale,
         and the oldest go past ``capacity``; else every trained item goes."""
         position = self._release(rec)
-        self._acked.add(rec.batch_id)
-        self._acked_order.append((when, rec.batch_id))
+        self._acked.add(rec.batch_id, when)
         trained = [self._in_batches.pop(item_id) for item_id in rec.items]
         if not keep:
             return Closed(rec, trained, trained, position, [])
@@ -222,9 +219,7 @@ class Ledger:
         for item in reversed(closed.pushed_out):
             pool[item.id] = item
             pool.move_to_end(item.id, last=False)
-        self._acked.discard(rec.batch_id)
-        if self._acked_order and self._acked_order[-1][1] == rec.batch_id:
-            self._acked_order.pop()
+        self._acked.discard_last(rec.batch_id)
         self._outstanding.setdefault((rec.policy, rec.trainer_id), []).insert(
             closed.position, rec)
         self._batches[rec.batch_id] = rec
@@ -232,11 +227,7 @@ class Ledger:
     def forget_acked(self, before: float) -> int:
         """Forget the batches acknowledged before ``before`` (an acknowledgement sent
         again after that is refused as unknown); how many."""
-        gone = 0
-        while self._acked_order and self._acked_order[0][0] < before:
-            self._acked.discard(self._acked_order.popleft()[1])
-            gone += 1
-        return gone
+        return self._acked.forget(before)
 
     def acked_count(self) -> int:
         return len(self._acked)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -91,6 +92,39 @@ class BatchRec:
     #: (None: the ones stamped at intake); recorded so that a batch served again
     #: carries the same ones
     advantages: dict[int, float] | None = None
+
+
+class Remembered:
+    """Ids remembered with when each was added, oldest first: whether one is known (a
+    duplicate to answer as such) until :meth:`forget` lets the old ones go."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._order: deque[tuple[float, str]] = deque()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, key: str, when: float) -> None:
+        self._ids.add(key)
+        self._order.append((when, key))
+
+    def discard_last(self, key: str) -> None:
+        """Take back the :meth:`add` of ``key`` just made (its commit failed)."""
+        self._ids.discard(key)
+        if self._order and self._order[-1][1] == key:
+            self._order.pop()
+
+    def forget(self, before: float) -> int:
+        """Let go of the ids added before ``before``; how many."""
+        gone = 0
+        while self._order and self._order[0][0] < before:
+            self._ids.discard(self._order.popleft()[1])
+            gone += 1
+        return gone
 
 
 def log_failure(future: asyncio.Future[Any]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from astraflow.contracts import TaskSource
-from astraflow.dataflow.records import ServiceError, TaskRec
+from astraflow.dataflow.records import Remembered, ServiceError, TaskRec
 from astraflow.types import Task
 
 
@@ -29,9 +29,8 @@ class TaskQueue:
     def __init__(self, source: TaskSource | None) -> None:
         self.source = source
         self._tasks: dict[str, TaskRec] = {}  # not yet done
-        self._done: set[str] = set()
-        #: (when, task id) of the done tasks, oldest first: what retention forgets
-        self._done_order: deque[tuple[float, str]] = deque()
+        #: done tasks, and when each was done: what retention forgets
+        self._done = Remembered()
         self._ready: deque[str] = deque()  # pending task ids, re-issues first
         self._expiry: list[tuple[float, str, int]] = []  # (deadline, task id, attempt)
         self._next_seq = 1
@@ -59,8 +58,7 @@ class TaskQueue:
         for task_id, done_at in conn.execute(
                 "SELECT task_id, done_at FROM tasks WHERE state = 'done' "
                 "ORDER BY done_at IS NOT NULL, done_at"):
-            self._done.add(task_id)
-            self._done_order.append((now if done_at is None else done_at, task_id))
+            self._done.add(task_id, now if done_at is None else done_at)
         self._next_seq = (conn.execute("SELECT max(seq) FROM tasks").fetchone()[0] or 0) + 1
 
     # ---- what is in it ---------------------------------------------------------------
@@ -189,17 +187,12 @@ class TaskQueue:
 
     def complete(self, task_id: str, when: float) -> None:
         del self._tasks[task_id]
-        self._done.add(task_id)
-        self._done_order.append((when, task_id))
+        self._done.add(task_id, when)
 
     def forget_done(self, before: float) -> int:
         """Forget the tasks done before ``before`` (their duplicates are refused as
         unknown from now on); how many. The store deletes its rows alike."""
-        gone = 0
-        while self._done_order and self._done_order[0][0] < before:
-            self._done.discard(self._done_order.popleft()[1])
-            gone += 1
-        return gone
+        return self._done.forget(before)
 
     def done_count(self) -> int:
         return len(self._done)
