@@ -59,14 +59,18 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 class PayloadLog:
     """The segment files under one directory; use from one event loop (sync is thread-safe)."""
 
-    def __init__(self, directory: Path, segment_bytes: int | None = None) -> None:
+    def __init__(self, directory: Path, segment_bytes: int | None = None,
+                 first: int = 0) -> None:
+        """``first``: the lowest number the segment appended to may take (past every
+        segment the ledger points into, so one gone from the disk is never taken for
+        the new one)."""
         self.directory = directory
         self.segment_bytes = segment_bytes or SEGMENT_BYTES
         directory.mkdir(parents=True, exist_ok=True)
         found = self.segments_on_disk()
         #: the previous process did not close the log: check payloads before trusting them
         self.recovering = any(path.suffix == ".open" for path in found.values())
-        self.active = max(found, default=-1) + 1
+        self.active = max(max(found, default=-1) + 1, first)
         #: guards the active segment's descriptor (``sync`` runs on the store's writer)
         self._lock = threading.Lock()
         self._fd = self._create(self.active)

@@ -376,10 +376,7 @@ def _recover_payloads(store: Store, counters: Counter[str]) -> None:
     """
     conn, log_ = store.conn, store.payloads
     if not log_.recovering:
-        # the segment the log just opened to append to is not one the ledger knows
-        on_disk = {seg: path for seg, path in log_.segments_on_disk().items()
-                   if seg != log_.active}
-        _check_segments(on_disk, dict(conn.execute(
+        _check_segments(log_.segments_on_disk(), dict(conn.execute(
             "SELECT seg, max(off + len) FROM items WHERE seg IS NOT NULL GROUP BY seg")),
             log_.directory)
     legacy = conn.execute("SELECT id, payload FROM items WHERE seg IS NULL").fetchall()

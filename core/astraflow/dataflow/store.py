@@ -112,7 +112,9 @@ class Store:
         except sqlite3.DatabaseError as exc:
             self._lock_file.close()
             raise StoreDamaged(self.path, str(exc)) from None
-        self.payloads = PayloadLog(directory / "payloads")
+        (referenced,) = self.conn.execute("SELECT max(seg) FROM items").fetchone()
+        self.payloads = PayloadLog(directory / "payloads",
+                                   first=0 if referenced is None else referenced + 1)
         #: payload bytes reach the disk before the commit that points at them
         self._sync_payloads = not self.inline
         self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
