@@ -43,10 +43,6 @@ class Versions:
     def max_staleness(self, policy: str) -> int:
         return self._max_staleness[policy]
 
-    def bounds(self) -> dict[str, int]:
-        """Every policy's max_staleness (a copy)."""
-        return dict(self._max_staleness)
-
     def stale(self, policy: str, min_version: int) -> bool:
         return (min_version >= 0
                 and self._versions[policy] - min_version > self._max_staleness[policy])

@@ -487,11 +487,6 @@ def decode_trajectory(data: dict[str, Any]) -> Trajectory:
     )
 
 
-#: the names the codec had before 1.2
-pack_trajectory = encode_trajectory
-unpack_trajectory = decode_trajectory
-
-
 def reward_failed(data: dict[str, Any]) -> bool:
     """Whether the reward of a trajectory in its encoded form failed."""
     outcome = data.get("outcome")

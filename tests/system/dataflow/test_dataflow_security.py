@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from astraflow.dataflow.client import SOCKET_OPTIONS
-from astraflow.dataflow.wire import pack_trajectory
+from astraflow.dataflow.wire import encode_trajectory
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 VALID: dict[str, dict[str, Any]] = {
@@ -157,7 +157,7 @@ def test_inconsistent_trajectories_are_rejected(http, change, says):
 )
 def test_a_bad_trajectory_among_good_ones_is_named(http, index, change, says):
     """The checks run over a whole submission at once; the message still names the culprit."""
-    trajs = [pack_trajectory(make_trajectory("t", reward=float(k))) for k in range(3)]
+    trajs = [encode_trajectory(make_trajectory("t", reward=float(k))) for k in range(3)]
     trajs[index] = {**trajs[index], **change}
     body = msgpack.packb({"lease_id": "t|1", "trajectories": trajs})
     resp = http.post("/v1/trajectories", content=body,
