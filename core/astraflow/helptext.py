@@ -202,10 +202,15 @@ def topic(spec: str) -> str:
         if path is not None:
             text = (resources.files("astraflow.conf") / path.removeprefix("conf/")).read_text()
             return f"{group}={option}  [{path}]\n\n" + textwrap.indent(text.rstrip(), "  ")
+        import difflib
+
         from astraflow.config import group_options
 
-        raise ConfigError(f"--help {spec}: {group} has no option {option!r}; it has: "
-                          f"{', '.join(group_options(group))}")
+        options = group_options(group)
+        near = difflib.get_close_matches(option, options, n=1)
+        raise ConfigError(f"--help {spec}: {group} has no option {option!r}"
+                          + (f" (did you mean {group}={near[0]}?)" if near else "")
+                          + f"; it has: {', '.join(options)}")
     hints = typing.get_type_hints(AstraFlowConfig)
     if spec in hints and dataclasses.is_dataclass(hints[spec]):
         doc = class_doc(hints[spec]).split("\n")[0]

@@ -66,7 +66,8 @@ def test_help_on_an_unknown_option_is_one_line_naming_the_options():
     proc = cli("--help", "raas=vlm")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("astraflow: error: --help raas=vlm: raas has no option "
-                                   "'vlm'; it has: hf, sglang, sim, vllm")
+                                   "'vlm' (did you mean raas=vllm?); it has: hf, sglang, "
+                                   "sim, vllm")
 
 
 def test_cfg_job_prints_the_composed_config_as_hydra_does():
