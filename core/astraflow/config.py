@@ -161,12 +161,61 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the run config from the installed plugins, ``conf/`` and ``overrides``."""
     registry = get_registry()
     register_configs(registry)
+    overrides, per_policy = _policy_overrides(overrides or [])
     with initialize_config_module(config_module="astraflow.conf", version_base="1.3"):
         cfg = compose(
-            config_name="config", overrides=normalise_overrides(overrides or [], registry)
+            config_name="config", overrides=normalise_overrides(overrides, registry)
         )
+    # the template first: a role set here starts from it, as a role not set at all does
+    for key, value in sorted(per_policy, key=lambda kv: kv[0].split(".")[1] != "policy"):
+        _set_policy(cfg, key, value)
     validate(cfg, registry)
     return cfg
+
+
+_POLICY_RE = re.compile(r"^\+{0,2}policies\.[^.=]+\.[^=]+=")
+
+
+def _policy_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """``policies.verifier.lr=1e-3``, with or without ``+``, as (key, value) pairs: a
+    role other than ``policy`` is no key of the composed map yet, which Hydra refuses
+    to set (and a typed map refuses a plain one), so they are merged after composing."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    rest, per_policy = [], []
+    for ov in overrides:
+        if not _POLICY_RE.match(ov):
+            rest.append(ov)
+            continue
+        try:
+            (parsed,) = OverridesParser.create().parse_overrides([ov])
+        except Exception as exc:  # Hydra's grammar error, in one line
+            raise ConfigError(f"{ov!r}: {str(exc).splitlines()[0]}") from None
+        per_policy.append((parsed.key_or_group, parsed.value()))
+    return rest, per_policy
+
+
+def _set_policy(cfg: DictConfig, key: str, value: Any) -> None:
+    from omegaconf import open_dict
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    _, name, *path = key.split(".")
+    nested: Any = value
+    for part in reversed(path):
+        nested = {part: nested}
+    template = cfg.policies.get("policy")
+    try:
+        with open_dict(cfg):
+            if name not in cfg.policies and template is not None:
+                cfg.merge_with({"policies": {name: OmegaConf.to_container(template)}})
+            cfg.merge_with({"policies": {name: nested}})
+    except ConfigKeyError:
+        names = [f.name for f in dataclasses.fields(PolicyConfig)]
+        near = difflib.get_close_matches(path[0], names, n=1)
+        raise ConfigError(f"{key} is not a setting; policies.{name} has: {', '.join(names)}"
+                          + (f" (did you mean {near[0]}?)" if near else "")) from None
+    except ValidationError as exc:
+        raise ConfigError(f"{key}={value}: {str(exc).splitlines()[0]}") from None
 
 
 def validate(cfg: DictConfig, registry: Registry) -> None:

@@ -59,7 +59,7 @@ def test_option_fields_can_be_overridden():
      "warmstart_steps (did you mean hidden_size?)"),
     ("+launcher.max_restartz=5", "launcher.max_restartz is not a setting; launcher has: "
      "autoscale_cooldown, autoscale_interval, kind, max_restarts, node_throttle, preload, "
-     "preload_modules, progress (did you mean max_restarts?)"),
+     "preload_modules, progress, restart_window (did you mean max_restarts?)"),
 ])
 def test_an_unknown_key_appended_with_plus_names_the_nearest_setting(override, said):
     """``+key=value`` adds a key Hydra cannot refuse: the schema does, in the words a
@@ -131,3 +131,28 @@ def test_a_plugins_config_declares_what_values_it_accepts():
     assert wrong(dtype="fp8") == ["raas.dtype=fp8: choose float32 or bfloat16"]
     assert wrong(gpu_memory_utilization=0.0, max_num_seqs=0) == [
         "raas.gpu_memory_utilization=0.0: must be > 0", "raas.max_num_seqs=0: must be >= 1"]
+
+
+def test_a_roles_own_settings_are_set_as_the_docs_write_them():
+    """``policies.verifier.lr=1e-3`` (the role is no key of the map until then), with or
+    without ``+``; the role starts from ``policies.policy``, as a role not named does."""
+    cfg = compose_config(["workflow=solve_verify", "policies.verifier.lr=1e-3",
+                          "+policies.verifier.world_size=2", "policies.policy.max_staleness=5",
+                          "++policies.solver.advantage=rloo"])
+    assert dict(cfg.policies.verifier) == {"max_staleness": 5, "lr": 1e-3, "world_size": 2,
+                                           "advantage": "grpo"}
+    assert (cfg.policies.solver.advantage, cfg.policies.solver.max_staleness) == ("rloo", 5)
+    assert cfg.policies.policy.max_staleness == 5
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("policies.verifier.max_stale=4", "policies.verifier.max_stale is not a setting; "
+     "policies.verifier has: max_staleness, lr, world_size, advantage (did you mean "
+     "max_staleness?)"),
+    ("policies.verifier.world_size=0", "policies.verifier.world_size=0: must be >= 1"),
+    ("policies.verifier.world_size=two", "policies.verifier.world_size=two: Value 'two'"),
+])
+def test_a_roles_wrong_setting_is_one_line(override, said):
+    with pytest.raises(ConfigError) as err:
+        compose_config(["workflow=solve_verify", override])
+    assert str(err.value).startswith(said) and "\n" not in str(err.value)
