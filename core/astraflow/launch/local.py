@@ -45,6 +45,8 @@ class Child:
     proc: subprocess.Popen | ForkedProcess
     log: Path
     restarts: int = 0
+    #: when each restart was (the restart window counts those still inside it)
+    restarted_at: list[float] = field(default_factory=list)
     #: stopped on purpose (a retired node): its exit is not a fault
     retired: bool = False
 
@@ -117,7 +119,8 @@ class LocalRun:
                                         stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, pass_fds=pass_fds)
         previous = self.children.get(name)
-        child = Child(name, args, proc, log, previous.restarts if previous else 0)
+        child = Child(name, args, proc, log, previous.restarts if previous else 0,
+                      previous.restarted_at if previous else [])
         self.children[name] = child
         self.event(event="start", component=name, pid=proc.pid,
                    forked=isinstance(proc, ForkedProcess))
@@ -256,6 +259,7 @@ class LocalRun:
         """Restart every component that died unexpectedly, up to ``launcher.max_restarts``
         times each; beyond that the run fails, naming the component and its log."""
         limit = int(self.cfg.launcher.max_restarts)
+        window = float(self.cfg.launcher.get("restart_window", float("inf")))
         if self.preloader is not None:  # a subreaper adopts orphans it must reap
             preload.reap_orphans({c.proc.pid for c in self.children.values()}
                                  | self.preloader.known())
@@ -267,11 +271,15 @@ class LocalRun:
                 raise RuntimeError(f"{child.name} exited with {code} before it started "
                                    f"working, so it is not restarted; the end of {child.log}:"
                                    f"\n{child.log_tail()}")
-            if child.restarts >= limit:
+            now = time.monotonic()
+            child.restarted_at[:] = [t for t in child.restarted_at if now - t < window]
+            if len(child.restarted_at) >= limit:
                 raise RuntimeError(f"{child.name} exited with {code} after {child.restarts} "
-                                   f"restarts (launcher.max_restarts={limit}); the end of "
+                                   f"restarts (launcher.max_restarts={limit} in "
+                                   f"launcher.restart_window={window:g} s); the end of "
                                    f"{child.log}:\n{child.log_tail()}")
             child.restarts += 1
+            child.restarted_at.append(now)
             print(f"astraflow: {child.name} exited with {code}; restarting it "
                   f"({child.restarts} of {limit})", file=sys.stderr)
             self.event(event="restart", component=child.name, exit_code=code,

@@ -24,9 +24,11 @@ class LocalLauncherConfig:
     kind: str = setting("local", choices=("local",))
     #: a live progress table on the console
     progress: bool = True
-    #: restarts allowed per component (data layer, trainer, evaluator, node) before the
-    #: run fails
+    #: restarts allowed per component (data layer, trainer, evaluator, node) within
+    #: restart_window seconds before the run fails: a component crashing in a loop stops
+    #: the run, one killed now and then over days of running does not
     max_restarts: int = setting(3, ge=0)
+    restart_window: float = setting(600.0, gt=0)
     #: throughput fraction of local node i, cycled: [1.0, 0.6, 0.3] models three pools
     #: on one CPU
     node_throttle: list[float] = setting(default_factory=lambda: [1.0], gt=0, le=1)

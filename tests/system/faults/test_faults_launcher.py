@@ -5,6 +5,7 @@ and the data layer's ledger shows nothing lost or counted twice."""
 from __future__ import annotations
 
 import json
+import time
 
 import launched_runs as runs
 
@@ -77,5 +78,28 @@ def test_restarts_are_bounded_and_the_run_then_fails_naming_the_component(tmp_pa
                 runs.wait_for(lambda: runs.restarts(run_dir), 60, "the node's restart", launcher)
         _out, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 1
-    assert "raas-0 exited with -9 after 1 restarts (launcher.max_restarts=1)" in err
+    assert ("raas-0 exited with -9 after 1 restarts (launcher.max_restarts=1 in "
+            "launcher.restart_window=600 s)") in err
     assert not runs.pids_of(f"--work-dir {run_dir} ")  # everything else was stopped
+
+
+def test_restarts_outside_the_window_do_not_count(tmp_path, tiny_model_dir):
+    """One restart allowed per second: a node killed twice, the second time after its
+    first restart left the window, is restarted both times and the run goes on."""
+    run_dir = tmp_path / "window"
+    launcher = runs.start_run(run_dir, tiny_model_dir, "steps=100000",
+                              "launcher.max_restarts=1", "launcher.restart_window=1")
+    with runs.reaped(launcher):
+        for n in (1, 2):
+            runs.wait_for(lambda: runs.train_records(run_dir), 240, "a trainer step", launcher)
+            runs.wait_for(lambda: runs.pids_of(" raas ", f"--work-dir {run_dir} "), 60, "a node")
+            if n == 2:  # the first restart is out of the one-second window
+                runs.wait_for(lambda: time.time() - runs.restarts(run_dir)[0]["time"] > 1.5,
+                              10, "the window to pass")
+            runs.kill(" raas ", f"--work-dir {run_dir} ")
+            runs.wait_for(lambda n=n: len(runs.restarts(run_dir)) == n, 60, f"restart {n}",
+                          launcher)
+        steps = len(runs.train_records(run_dir))
+        runs.wait_for(lambda: len(runs.train_records(run_dir)) > steps, 60,
+                      "a step after the second restart", launcher)
+        assert launcher.poll() is None
