@@ -49,9 +49,13 @@ def trainer_settings(cfg: DictConfig, policy: str) -> DictConfig:
     """The trainer config with this policy's overrides applied."""
     trainer = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg.trainer,
                                                                        resolve=True)))
-    lr = cfg.policies[policy].get("lr")
+    own = cfg.policies.get(policy) or cfg.policies.get("policy") or {}
+    lr = own.get("lr")
     if lr is not None and "lr" in trainer:
         trainer.lr = lr
+    world = own.get("world_size")
+    if world is not None:
+        trainer.world_size = world
     if trainer.get("total_steps") == 0:
         trainer.total_steps = cfg.steps  # a schedule spans the run unless told otherwise
     return trainer

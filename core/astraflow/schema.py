@@ -150,6 +150,9 @@ class PolicyConfig:
     max_staleness: int = setting(3, ge=0, why="versions a sample may lag the weights it is "
                                  "trained on")
     lr: float | None = setting(None, gt=0)  # overrides trainer.lr for this policy
+    #: ranks of this policy's trainer (overrides trainer.world_size): a large policy on
+    #: several ranks beside a small one on one
+    world_size: int | None = setting(None, ge=1)
     #: the advantage estimator: grpo, dr_grpo, rloo, reinforce_pp or one a plugin
     #: registers (astraflow_register_advantage_estimators); checked against the
     #: installed ones as the config is composed

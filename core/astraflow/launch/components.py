@@ -14,7 +14,7 @@ import signal
 import sys
 
 from astraflow.commands import command
-from astraflow.components import load_config
+from astraflow.components import load_config, trainer_settings
 from astraflow.security import TOKEN_ENV
 from astraflow.trainer import distributed
 
@@ -100,7 +100,7 @@ def cmd_train(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _logging()
     cfg = load_config(args.config)
-    world = int(cfg.trainer.get("world_size", 1))
+    world = int(trainer_settings(cfg, args.policy).get("world_size", 1))
     if world > 1 and not distributed():
         _torchrun(world, argv)  # does not return
     TrainerRuntime(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics).run()

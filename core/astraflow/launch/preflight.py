@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from astraflow.components import trainer_settings
 from astraflow.errors import ConfigError
 from astraflow.plugins import get_registry, typed_config
 from astraflow.rl.options import lora_rank
@@ -28,14 +29,20 @@ def check_backends(cfg: DictConfig) -> None:
     engine import costs seconds to tens of seconds of start-up); otherwise the factory's
     ``check_config``, which a factory that is not a contract class may omit."""
     registry = get_registry()
-    for kind, conf in (("rollout_backend", cfg.raas), ("trainer_backend", cfg.trainer)):
+    # a policy's own trainer settings (its world_size) are judged as the trainer's
+    own = [(f"policies.{name}: ", trainer_settings(cfg, str(name)))
+           for name, policy in (cfg.policies or {}).items()
+           if policy and policy.get("world_size") is not None]
+    for kind, where, conf in (("rollout_backend", "", cfg.raas),
+                              ("trainer_backend", "", cfg.trainer),
+                              *(("trainer_backend", w, c) for w, c in own)):
         entry = registry.get(kind, conf.name)
         check = entry.checker() or getattr(entry.load(), "check_config", None)
         if callable(check):
             try:
                 check(conf)
             except ValueError as exc:  # a backend says what is wrong; no traceback for it
-                raise ConfigError(str(exc)) from None
+                raise ConfigError(f"{where}{exc}") from None
     if lora_rank(cfg.trainer) and not getattr(
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "

@@ -37,6 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from astraflow.components import trainer_settings
 from astraflow.errors import ConfigError
 from astraflow.launch.local import Child, LocalRun
 from astraflow.launch.options import PoolConfig
@@ -143,9 +144,12 @@ class RayRun(LocalRun):
         if name.startswith("raas-"):
             pool = self.pools[self.pool_of(name)]
             return {k: pool[k] for k in ("num_cpus", "num_gpus", "resources")}
-        kind = name.split("-", 1)[0]  # dataflow | trainer | eval
+        kind, _, policy = name.partition("-")  # dataflow | trainer | eval
         spec = launcher[{"eval": "evaluator"}.get(kind, kind)]
-        return {"num_cpus": float(spec.num_cpus), "num_gpus": float(spec.num_gpus),
+        gpus = float(spec.num_gpus)
+        if kind == "trainer" and gpus:  # one GPU a rank, as many as this policy has
+            gpus = float(trainer_settings(self.cfg, policy).get("world_size", 1) or 1)
+        return {"num_cpus": float(spec.num_cpus), "num_gpus": gpus,
                 "resources": dict(spec.resources or {})}
 
     @staticmethod

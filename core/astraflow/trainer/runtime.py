@@ -150,8 +150,9 @@ class TrainerRuntime:
             from astraflow.trainer.ranks import init
 
             ranks = init(float(self.cfg.trainer.get("collective_timeout", 600.0)))
-            world = int(self.cfg.trainer.get("world_size", 1))
-            parallel_sizes(self.cfg.trainer)
+            settings = trainer_settings(self.cfg, self.policy)
+            world = int(settings.get("world_size", 1))
+            parallel_sizes(settings)
             if ranks.world_size != world:
                 raise ConfigError(f"torchrun started {ranks.world_size} ranks but "
                                   f"trainer.world_size={world}")
@@ -310,7 +311,7 @@ class TrainerRuntime:
         self._log({
             **{f"train/{k}": float(v) for k, v in metrics.items()},
             "kind": "train", "policy": self.policy, "step": step,
-            "version": version, "time": t_acked,
+            "version": version, "time": t_acked, "batch_id": batch.batch_id,
             "reward_mean": sum(rewards) / max(len(rewards), 1),
             "batch_size": len(batch.items), "wait_seconds": t1 - t0,
             "step_seconds": t_done - t1, "staleness_max": max(staleness, default=0),
