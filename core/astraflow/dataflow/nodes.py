@@ -110,6 +110,14 @@ class Nodes:
             del self._nodes[node_id]
         return gone
 
+    def excuse(self, seconds: float) -> None:
+        """Count ``seconds`` of the data layer's own absence as heard from every active
+        node (none could reach it)."""
+        now = time.monotonic()
+        for n in self._nodes.values():
+            if n.state == "active":
+                n.last_seen = min(now, n.last_seen + seconds)
+
     def silent(self, horizon: float) -> list[NodeRec]:
         """Active nodes last heard of before ``horizon`` (monotonic seconds)."""
         return [n for n in self._nodes.values() if n.state == "active" and n.last_seen < horizon]

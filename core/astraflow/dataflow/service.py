@@ -49,6 +49,10 @@ from astraflow.plugins import Registry, get_registry, typed_config
 log = logging.getLogger("astraflow.dataflow")
 
 
+#: a gap this long between two of the reaper's ticks is the data layer's own absence
+STALL_SECONDS = 2.0
+
+
 class DataflowService:
     """Everything the HTTP routes do, independent of HTTP."""
 
@@ -132,9 +136,14 @@ class DataflowService:
         s = self.settings
         interval = max(0.05, min(0.5, s.lease_seconds / 4, s.heartbeat_timeout / 4))
         retain_every, retained = max(0.5, min(60.0, s.retain_seconds / 10)), time.monotonic()
+        ticked = time.monotonic()
         while True:
             await asyncio.sleep(interval)
+            now = time.monotonic()
+            stalled, ticked = now - ticked - interval, now
             try:
+                if stalled >= STALL_SECONDS:
+                    await self._excuse(stalled)
                 if self.tasks.expire(time.time()):
                     self.signals.pulse_changed()
                 for node in self.nodes.silent(time.monotonic() - s.heartbeat_timeout):
@@ -145,6 +154,24 @@ class DataflowService:
                     await self._forget_old()
             except STORE_ERRORS:
                 log.exception("dataflow reaper failed; retrying")
+
+    async def _excuse(self, stalled: float) -> None:
+        """The data layer did not run for ``stalled`` seconds (stopped, or its machine
+        stalled): nobody could heartbeat or hand in a lease meanwhile, so node heartbeats
+        and lease deadlines are moved on by as much, not held against the nodes."""
+        log.warning("the data layer did not run for %.1f s (stopped, or its machine "
+                    "stalled): node heartbeats and lease deadlines extended by as much",
+                    stalled)
+        self.nodes.excuse(stalled)
+        leases = self.tasks.postpone(stalled)
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE tasks SET deadline = deadline + ? WHERE state = 'leased'",
+                         (stalled,))
+
+        await self.store.run(job, Counter(stalls=1))
+        self.counters.update(stalls=1)
+        log.info("%d leases extended", leases)
 
     async def _forget_old(self) -> None:
         """Done tasks, acknowledged batches and departed rollout nodes older than

@@ -75,6 +75,9 @@ class StatusView:
         store = p.store
         return {
             "uptime_seconds": round(time.time() - self.started_at, 3),
+            # times the data layer did not run for a while (stopped, or its machine
+            # stalled): node heartbeats and lease deadlines were extended by as much
+            "stalls": c["stalls"],
             "order": p.settings.order,
             "nodes": self._nodes(),
             "pools": self._pools(),

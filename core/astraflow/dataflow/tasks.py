@@ -109,6 +109,17 @@ class TaskQueue:
         self._ready.extendleft(reversed(expired))
         return len(expired)
 
+    def postpone(self, seconds: float) -> int:
+        """Every lease's deadline ``seconds`` later (the data layer itself was not
+        running); how many leases."""
+        leased = [rec for rec in self._tasks.values()
+                  if rec.state == "leased" and rec.deadline is not None]
+        for rec in leased:
+            rec.deadline = (rec.deadline or 0.0) + seconds
+        self._expiry = [(rec.deadline or 0.0, rec.task_id, rec.attempt) for rec in leased]
+        heapq.heapify(self._expiry)
+        return len(leased)
+
     def next_ready(self) -> TaskRec | None:
         """The next pending task of the queue (re-issues first), or None."""
         while self._ready:
