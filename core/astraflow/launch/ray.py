@@ -353,18 +353,29 @@ class RayRun(LocalRun):
         self.event(event="request_resources", pool=pool, bundles=len(bundles))
 
     def placement_waits(self, child: Child) -> None:
-        """Say once that a component waits for Ray to find room for it."""
+        """Say once that a component waits for Ray to find room for it: at its start, or
+        again after its actor stopped answering (its machine left the cluster, and Ray
+        restarts it where there is room)."""
         proc: RayProc = child.proc  # type: ignore[assignment]
-        if (proc.pid is not None or child.name in self.waiting
-                or time.time() - proc.spawned < _PLACEMENT_SECONDS):
+        now = time.time()
+        silent = now - proc.silent_since if proc.silent_since is not None else 0.0
+        never = proc.pid is None and now - proc.spawned >= _PLACEMENT_SECONDS
+        lost = proc.pid is not None and silent >= _PLACEMENT_SECONDS
+        if not (never or lost):
+            if proc.pid is not None and proc.silent_since is None:
+                self.waiting.discard(child.name)  # placed: a later wait is said again
+            return
+        if child.name in self.waiting:
             return
         self.waiting.add(child.name)
         self.scaled(self.pool_of(child.name) if child.name.startswith("raas-") else "")
-        print(f"astraflow: {child.name} waits for Ray to place it (it needs "
+        again = (f" again (no answer for {silent:.0f} s: its machine may have "
+                 "left the cluster)" if lost else "")
+        print(f"astraflow: {child.name} waits for Ray to place it{again} (it needs "
               f"{self.bundle(child.name)}; the cluster has free "
               f"{self.ray.available_resources()}); the Ray autoscaler, if the cluster has "
               "one, was asked for room", file=sys.stderr)
-        self.event(event="waiting_for_placement", component=child.name)
+        self.event(event="waiting_for_placement", component=child.name, again=lost)
 
     def supervise(self) -> None:
         """Ray restarts what crashed after it got to work; a component that failed in

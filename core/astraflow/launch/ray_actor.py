@@ -109,6 +109,8 @@ class RayProc:
         self.gone: str | None = None  # why the actor is dead for good
         self.worked = False  # the component got to work (its last start, as last seen)
         self.spawned = time.time()
+        #: since when the actor has not answered (a poll pending or refused), else None
+        self.silent_since: float | None = None
         self.asked: Any = None  # the poll under way: an actor Ray has not placed yet
         # cannot answer, and the launcher does not wait for it
 
@@ -118,6 +120,8 @@ class RayProc:
         ray = self.ray
         if self.asked is None:
             self.asked = self.actor.poll.remote()
+            if self.silent_since is None:
+                self.silent_since = time.time()
         ready, _ = ray.wait([self.asked], timeout=_ANSWER_SECONDS)
         if not ready:
             return None
@@ -130,6 +134,7 @@ class RayProc:
             self.gone = str(exc).strip().splitlines()[0] if str(exc).strip() else "died"
             self.returncode = -1
             return self.returncode
+        self.silent_since = None
         if self.pid is not None and pid != self.pid:
             self.restarted += 1
         self.pid = pid

@@ -4,14 +4,17 @@ The head has the custom resource ``pool_a``, the second node (its own temp dir)
 ``pool_b``, so a rollout pool pinned by resource runs on one Ray node or the other.
 """
 
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,11 +60,53 @@ def _start() -> str:
          "--include-dashboard=true", "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dashboard}", "--disable-usage-stats")
     JOB_SERVER["url"] = f"http://127.0.0.1:{dashboard}"
-    _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
-         "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={worker_dir}",
-         "--disable-usage-stats")
     _RUNNING["address"] = f"127.0.0.1:{port}"
+    start_second_node()
     return _RUNNING["address"]
+
+
+def start_second_node() -> None:
+    """The cluster's second Ray node (``pool_b``), joining the head."""
+    _RUNNING["second_stopped"] = False
+    _ray("start", f"--address={_RUNNING['address']}", "--node-ip-address=127.0.0.1",
+         "--num-cpus=2", '--resources={"pool_b": 2}', f"--temp-dir={_RUNNING['dirs'][1]}",
+         "--disable-usage-stats")
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def stop_second_node() -> int:
+    """What ``ray stop`` does on the second machine: every Ray process of that node (its
+    raylet, what the raylet started -- the actors' workers -- and its other daemons)
+    killed at once. The number of processes killed."""
+    worker_dir = str(_RUNNING["dirs"][1])
+    mine = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if worker_dir in text:
+            mine.append(int(cmdline.parent.name))
+    victims = set(mine)
+    for pid in mine:
+        victims.update(_descendants(pid))
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _RUNNING["second_stopped"] = True
+    return len(victims)
 
 
 def _stop() -> None:
@@ -102,6 +147,15 @@ def pytest_runtest_teardown(item, nextitem):
 
 def pytest_sessionfinish(session):
     _stop()
+
+
+@pytest.fixture
+def second_node(cluster):
+    """Stops (``stop()``, as ``ray stop`` on that machine) and starts (``start()``) the
+    cluster's second Ray node; the next test finds it running again."""
+    yield SimpleNamespace(stop=stop_second_node, start=start_second_node)
+    if _RUNNING.get("second_stopped"):
+        start_second_node()
 
 
 @pytest.fixture

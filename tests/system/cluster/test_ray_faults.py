@@ -63,3 +63,49 @@ def test_ray_restarts_a_killed_node_and_trainer_and_the_ledger_holds(cluster, tm
     (store,) = machines.glob("*/dataflow/store")  # on the data layer's machine
     ledger = runs.assert_nothing_lost_or_counted_twice(run_dir, group_size=4, store=store)
     assert ledger["consumed:policy"] >= (STEPS - 1) * 8
+
+
+def test_a_machine_that_leaves_the_cluster_mid_run(cluster, second_node, tmp_path,
+                                                  tiny_model_dir):
+    """The second Ray node stopped mid-run (``ray stop`` on that machine): the launcher
+    says in one line that pool b's node waits for Ray to place it again, pool a goes on
+    feeding the trainer; when the machine comes back the node is placed on it and feeds
+    again, the run completes and the ledger holds."""
+    run_dir, machines = tmp_path / "leaves", tmp_path / "machines"
+    steps = 40
+    launcher = runs.start_run(run_dir, tiny_model_dir, "launcher=ray",
+                              f"launcher.address={cluster}", f"launcher.work_dir={machines}",
+                              "launcher.keep_work_dir=true",
+                              "launcher.pools={a: {nodes: 1, resources: {pool_a: 1}}, "
+                              "b: {nodes: 1, resources: {pool_b: 1}}}",
+                              # the data layer and the trainer on the machine that stays
+                              "launcher.dataflow.resources={pool_a: 0.5}",
+                              "launcher.trainer.resources={pool_a: 0.5}",
+                              f"steps={steps}", f"eval_every={steps}", *PACE)
+
+    def fed_by_b(after: int = 0) -> int:
+        return sum(r.get("pool/b", 0) for r in runs.train_records(run_dir)
+                   if r["step"] > after)
+
+    with runs.reaped(launcher):
+        runs.wait_for(lambda: fed_by_b() > 0, 240, "a step fed by pool b", launcher)
+        assert second_node.stop() > 0
+        stopped_at = runs.train_records(run_dir)[-1]["step"]
+        runs.wait_for(lambda: [r for r in runs.records(run_dir / "metrics" / "launcher.jsonl")
+                               if r["event"] == "waiting_for_placement"
+                               and r["component"] == "raas-b-0"], 120,
+                      "the launcher to say what it waits for", launcher)
+        steps_while_away = len(runs.train_records(run_dir))
+        runs.wait_for(lambda: len(runs.train_records(run_dir)) >= steps_while_away + 3, 120,
+                      "pool a to go on feeding the trainer", launcher)
+        second_node.start()
+        runs.wait_for(lambda: fed_by_b(after=stopped_at + 3) > 0, 240,
+                      "pool b to feed again once its machine is back", launcher)
+        _out, err = launcher.communicate(timeout=400)
+    assert launcher.returncode == 0, err[-3000:]
+    said = [line for line in err.splitlines() if "raas-b-0 waits for" in line]
+    assert len(said) == 1, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
+    assert summary["steps"] == steps
+    (store,) = machines.glob("*/dataflow/store")
+    runs.assert_nothing_lost_or_counted_twice(run_dir, group_size=4, store=store)
