@@ -30,7 +30,7 @@ When both runs are done it checks, and prints:
 Without root (no network namespace) the far node runs on loopback and no partition is
 injected; the output says so.
 
-    python bench/chaos.py [--minutes 10] [--seed 0] [--steps 240]
+    python bench/chaos.py [--minutes 10] [--seed 0] [--steps 500] [--batch-size 256]
 Writes bench/results/chaos.json (``--out``).
 """
 
@@ -58,6 +58,8 @@ RESULTS = Path(__file__).parent / "results" / "chaos.json"
 TOKEN = "bench-chaos-token"
 POLICIES = ("solver", "verifier")
 KINDS = ("kill", "stop", "partition")
+COMPONENTS = ("dataflow", "raas-0", "raas-1", "far-0", *(f"trainer-{p}" for p in POLICIES),
+              *(f"eval-{p}" for p in POLICIES))
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -193,8 +195,7 @@ class Run:
     def targets(self) -> dict[str, int]:
         """What the driver may signal now: name -> pid (the verifier's ranks apart)."""
         out = {}
-        for name in ("dataflow", "raas-0", "raas-1", "far-0",
-                     *(f"trainer-{p}" for p in POLICIES), *(f"eval-{p}" for p in POLICIES)):
+        for name in COMPONENTS:
             if (pid := self.pid(name)) is not None:
                 out[name] = pid
         if (torchrun := out.get("trainer-verifier")) is not None:
@@ -248,6 +249,7 @@ class Driver(threading.Thread):
         self.minutes, self.interval = minutes, interval
         self.stop_range, self.cut_range = stop_range, cut_range
         self.faults: list[dict[str, Any]] = []
+        self.deck: list[str] = []
         self.busy: set[str] = set()  # stopped or cut off, until its timer ends it
         self.timers: list[threading.Timer] = []
         self.done = threading.Event()
@@ -261,6 +263,19 @@ class Driver(threading.Thread):
         while True:
             self.rng.shuffle(kinds)
             yield from list(kinds)
+
+    def _component(self, choices: list[str]) -> str:
+        """The next component of a shuffled round over every one there is: each is hit
+        once a round (a finished trainer or one that is down is passed over)."""
+        present = sorted({t.split("/")[0] for t in choices})
+        for _ in range(2):
+            while self.deck:
+                component = self.deck.pop()
+                if component in present:
+                    return component
+            self.deck = sorted(COMPONENTS)
+            self.rng.shuffle(self.deck)
+        return self.rng.choice(present)
 
     def run(self) -> None:
         run = self.run_
@@ -295,7 +310,7 @@ class Driver(threading.Thread):
                 return
             # a component first, then one of its processes: the verifier's trainer is one
             # target whether its launcher process or a rank is hit
-            component = self.rng.choice(sorted({t.split("/")[0] for t in choices}))
+            component = "far-0" if kind == "partition" else self._component(choices)
             target = self.rng.choice([t for t in choices if t.split("/")[0] == component])
             pid = targets.get(target)
             fault = {"kind": kind, "target": target, "at": time.time(), "pid": pid}
@@ -411,7 +426,9 @@ def summary(run: Run, code: int, steps: int) -> dict[str, Any]:
     policies = json.loads(path.read_text())["policies"] if path.exists() else {}
     restarts = [r for r in _records(run.dir / "metrics" / "launcher.jsonl")
                 if r.get("event") == "restart"]
-    return {"exit_code": code, "wall_seconds": time.time() - run.started,
+    # the run ended when it wrote its summary (the other run may have ended long after)
+    ended = path.stat().st_mtime if path.exists() else time.time()
+    return {"exit_code": code, "wall_seconds": ended - run.started,
             "steps": {p: policies.get(p, {}).get("steps") for p in POLICIES},
             "completed": code == 0 and all(policies.get(p, {}).get("steps") == steps
                                            for p in POLICIES),
@@ -424,8 +441,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0,
                         help="inject faults for this long (the run must last longer)")
     parser.add_argument("--seed", type=int, default=0, help="the runs' and the faults' seed")
-    parser.add_argument("--steps", type=int, default=240)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--interval", type=float, nargs=2, default=(20.0, 60.0))
     parser.add_argument("--stop-seconds", type=float, nargs=2, default=(5.0, 30.0))
     parser.add_argument("--cut-seconds", type=float, nargs=2, default=(10.0, 60.0))
