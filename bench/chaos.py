@@ -103,7 +103,9 @@ class Run:
         self.launcher = subprocess.Popen(
             [sys.executable, "-m", "astraflow", f"run_dir={self.dir}",
              "launcher.progress=false", *host, *overrides],
-            stdout=self.console, stderr=subprocess.STDOUT, env=self.env)
+            stdout=self.console, stderr=subprocess.STDOUT, env=self.env,
+            # Ctrl-C stops it (finish()), even from a script started in the background
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.started = time.time()
 
     def url(self) -> str | None:

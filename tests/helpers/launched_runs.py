@@ -26,8 +26,16 @@ def start_run(run_dir: Path, model_dir: str, *overrides: str) -> subprocess.Pope
         [sys.executable, "-m", "astraflow", f"run_dir={run_dir}", f"model.path={model_dir}",
          *SIM_RUN, *overrides],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=sigint_as_at_a_terminal,
     )
+
+
+def sigint_as_at_a_terminal() -> None:
+    """A suite started in the background (``make test &``, a CI script) hands its
+    children SIGINT ignored, and a Python started so never raises Ctrl-C: a test that
+    interrupts its launcher would wait on it for ever. Its launcher gets SIGINT as a
+    terminal's would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextmanager
