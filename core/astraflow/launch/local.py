@@ -281,7 +281,8 @@ class LocalRun:
             child.restarts += 1
             child.restarted_at.append(now)
             print(f"astraflow: {child.name} exited with {code}; restarting it "
-                  f"({child.restarts} of {limit})", file=sys.stderr)
+                  f"({len(child.restarted_at)} of {limit} within {window:g} s)",
+                  file=sys.stderr)
             self.event(event="restart", component=child.name, exit_code=code,
                        restart=child.restarts)
             if child.name == "dataflow":
