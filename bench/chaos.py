@@ -43,7 +43,6 @@ import math
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -55,37 +54,14 @@ from typing import Any
 from _farlink import FarLink
 from _machine import cpu_model
 
+from astraflow.testing.runs import alive, children, records, store_counts, unaccounted
+
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
 TOKEN = "bench-chaos-token"
 POLICIES = ("solver", "verifier")
 KINDS = ("kill", "stop", "partition")
 COMPONENTS = ("dataflow", "raas-0", "raas-1", "far-0", *(f"trainer-{p}" for p in POLICIES),
               *(f"eval-{p}" for p in POLICIES))
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line being written
-                out.append(json.loads(line))
-    return out
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(p) for p in found]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class Run:
@@ -137,9 +113,9 @@ class Run:
         """The newest process the launcher started for ``component``."""
         if component == "far-0":
             return self.far.pid if self.far and self.far.poll() is None else None
-        starts = [r for r in _records(self.dir / "metrics" / "launcher.jsonl")
+        starts = [r for r in records(self.dir / "metrics" / "launcher.jsonl")
                   if r.get("event") == "start" and r.get("component") == component]
-        return starts[-1]["pid"] if starts and _alive(starts[-1]["pid"]) else None
+        return starts[-1]["pid"] if starts and alive(starts[-1]["pid"]) else None
 
     def targets(self) -> dict[str, int]:
         """What the driver may signal now: name -> pid (the verifier's ranks apart)."""
@@ -148,7 +124,7 @@ class Run:
             if (pid := self.pid(name)) is not None:
                 out[name] = pid
         if (torchrun := out.get("trainer-verifier")) is not None:
-            for rank, pid in enumerate(sorted(_children(torchrun))):
+            for rank, pid in enumerate(sorted(children(torchrun))):
                 out[f"trainer-verifier/rank{rank}"] = pid
         return out
 
@@ -157,10 +133,10 @@ class Run:
         after it (a policy whose trainer had finished is not waited for)."""
         firsts = []
         for policy in POLICIES:
-            records = _records(self.dir / "metrics" / f"train-{policy}.jsonl")
-            if records and records[-1]["step"] >= self.steps and records[-1]["time"] <= when:
+            trained = records(self.dir / "metrics" / f"train-{policy}.jsonl")
+            if trained and trained[-1]["step"] >= self.steps and trained[-1]["time"] <= when:
                 continue
-            times = [r["time"] for r in records if r["time"] > when]
+            times = [r["time"] for r in trained if r["time"] > when]
             if not times:
                 return None
             firsts.append(min(times))
@@ -305,10 +281,8 @@ class Driver(threading.Thread):
 
 def ledger(run_dir: Path) -> dict[str, Any]:
     """The data layer's durable counts and each policy's trainer history, checked."""
-    with sqlite3.connect(run_dir / "store" / "dataflow.sqlite3") as conn:
-        counts = dict(conn.execute("SELECT name, value FROM counters"))
-        held = dict(conn.execute("SELECT policy, COUNT(*) FROM items GROUP BY policy"))
-        done_rows = conn.execute("SELECT COUNT(*) FROM tasks WHERE state = 'done'").fetchone()[0]
+    counts = store_counts(run_dir / "store")
+    done_rows = counts["tasks_done_rows"]
     out: dict[str, Any] = {"tasks_completed": counts.get("tasks_completed", 0),
                            "tasks_done_rows": done_rows, "policies": {}}
     problems = []
@@ -318,16 +292,14 @@ def ledger(run_dir: Path) -> dict[str, Any]:
     for policy in POLICIES:
         get = counts.get
         row = {"produced": get(f"produced:{policy}", 0), "trained": get(f"consumed:{policy}", 0),
-               "held": held.get(policy, 0), "filtered": get(f"filtered:{policy}", 0),
+               "held": get(f"held:{policy}", 0), "filtered": get(f"filtered:{policy}", 0),
                "dropped_stale": get(f"dropped_stale:{policy}", 0),
-               "dropped_no_trainer": get(f"dropped_no_trainer:{policy}", 0)}
-        accounted = (row["trained"] + row["held"] + row["filtered"] + row["dropped_stale"]
-                     + row["dropped_no_trainer"])
-        row["unaccounted"] = row["produced"] - accounted
+               "dropped_no_trainer": get(f"dropped_no_trainer:{policy}", 0),
+               "unaccounted": unaccounted(counts, policy)}
         # the trainer's history: the last record of each step (a restarted trainer trains
         # its journal's steps again, unlogged, on its checkpoint)
         steps: dict[int, dict[str, Any]] = {}
-        for record in _records(run_dir / "metrics" / f"train-{policy}.jsonl"):
+        for record in records(run_dir / "metrics" / f"train-{policy}.jsonl"):
             steps[record["step"]] = record
         batches = [r["batch_id"] for r in steps.values()]
         row["steps_logged"] = len(steps)
@@ -352,7 +324,7 @@ def ledger(run_dir: Path) -> dict[str, Any]:
 def final_accuracy(run_dir: Path, held_out: int) -> dict[str, dict[str, float]]:
     out = {}
     for policy in POLICIES:
-        evals = _records(run_dir / "metrics" / f"eval-{policy}.jsonl")
+        evals = records(run_dir / "metrics" / f"eval-{policy}.jsonl")
         if not evals:
             continue
         acc = evals[-1]["eval_accuracy"]
@@ -373,7 +345,7 @@ def held_out_tasks(run_dir: Path) -> int:
 def summary(run: Run, code: int, steps: int) -> dict[str, Any]:
     path = run.dir / "summary.json"
     policies = json.loads(path.read_text())["policies"] if path.exists() else {}
-    restarts = [r for r in _records(run.dir / "metrics" / "launcher.jsonl")
+    restarts = [r for r in records(run.dir / "metrics" / "launcher.jsonl")
                 if r.get("event") == "restart"]
     # the run ended when it wrote its summary (the other run may have ended long after)
     ended = path.stat().st_mtime if path.exists() else time.time()
@@ -515,7 +487,7 @@ def _report(args: argparse.Namespace, runs: dict[str, Run], driver: Driver,
         print(f"{fault['t']:7.0f}  {fault['kind']:<10} {fault['target']:<26} "
               f"{fault.get('seconds', 0):6.0f}s  "
               + (f"{rec:.1f} s" if rec is not None else "no step after it"))
-    last_steps = [max((r["time"] for r in _records(chaos.dir / "metrics" / f"train-{p}.jsonl")),
+    last_steps = [max((r["time"] for r in records(chaos.dir / "metrics" / f"train-{p}.jsonl")),
                       default=0.0) for p in POLICIES]
     # a fault that ended before the last policy's last step must have been recovered from
     unrecovered = [f"{f['kind']} {f['target']} at {f['t']:.0f} s" for f in driver.faults

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -14,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.testing import wait_until
+from astraflow.testing.runs import (  # the tests import records and pids_of from here
+    pids_of,
+    records,
+    store_counts,
+    unaccounted,
+)
 
 #: raas=sim with a small, quick job: the trainer and data layer are the real ones
 SIM_RUN = ["+raas=sim", "raas.generation_seconds=0.05", "batch_size=8", "group_size=4",
@@ -54,18 +58,6 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str,
     return wait_until(condition, timeout, what, process=launcher, interval=0.2)
 
 
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # being written
-    return out
-
-
 def train_records(run_dir: Path, policy: str = "policy") -> list[dict[str, Any]]:
     return records(run_dir / "metrics" / f"train-{policy}.jsonl")
 
@@ -87,19 +79,6 @@ def parent_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def pids_of(*needles: str) -> list[int]:
-    """Processes whose command line holds every needle."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if all(n in text for n in needles):
-            found.append(int(cmdline.parent.name))
-    return found
-
-
 def kill(*needles: str) -> int:
     (pid,) = pids_of(*needles)
     os.kill(pid, signal.SIGKILL)
@@ -109,12 +88,7 @@ def kill(*needles: str) -> int:
 def ledger(run_dir: Path, store: Path | None = None) -> dict[str, int]:
     """The data layer's durable counts, read from its store (by default the run
     directory's) after the run."""
-    with sqlite3.connect((store or run_dir / "store") / "dataflow.sqlite3") as conn:
-        counts = dict(conn.execute("SELECT name, value FROM counters"))
-        counts["items_held"] = conn.execute("SELECT COUNT(*) FROM items").fetchone()[0]
-        counts["tasks_done_rows"] = conn.execute(
-            "SELECT COUNT(*) FROM tasks WHERE state = 'done'").fetchone()[0]
-    return counts
+    return store_counts(store or run_dir / "store")
 
 
 def assert_nothing_lost_or_counted_twice(run_dir: Path, group_size: int,
@@ -132,7 +106,5 @@ def assert_nothing_lost_or_counted_twice(run_dir: Path, group_size: int,
     get = c.get
     assert get("tasks_completed", 0) == c["tasks_done_rows"], c
     assert get(f"produced:{policy}", 0) == group_size * get("tasks_completed", 0), c
-    accounted = (get(f"consumed:{policy}", 0) + c["items_held"] + get(f"filtered:{policy}", 0)
-                 + get(f"dropped_stale:{policy}", 0) + get(f"dropped_no_trainer:{policy}", 0))
-    assert get(f"produced:{policy}", 0) == accounted, c
+    assert unaccounted(c, policy) == 0, c
     return c

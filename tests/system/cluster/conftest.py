@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from astraflow.testing.runs import descendants, pids_of
+
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -73,35 +75,14 @@ def start_second_node() -> None:
          "--disable-usage-stats")
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            continue
-        out += [int(k) for k in kids]
-        todo += [int(k) for k in kids]
-    return out
-
-
 def stop_second_node() -> int:
     """What ``ray stop`` does on the second machine: every Ray process of that node (its
     raylet, what the raylet started -- the actors' workers -- and its other daemons)
     killed at once. The number of processes killed."""
-    worker_dir = str(_RUNNING["dirs"][1])
-    mine = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if worker_dir in text:
-            mine.append(int(cmdline.parent.name))
+    mine = pids_of(str(_RUNNING["dirs"][1]))
     victims = set(mine)
     for pid in mine:
-        victims.update(_descendants(pid))
+        victims.update(descendants(pid))
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
