@@ -30,23 +30,32 @@ def check_backends(cfg: DictConfig) -> None:
     ``check_config``, which a factory that is not a contract class may omit."""
     registry = get_registry()
     # a policy's own trainer settings (its world_size) are judged as the trainer's
-    own = [(f"policies.{name}: ", trainer_settings(cfg, str(name)))
+    own = [(str(name), trainer_settings(cfg, str(name)))
            for name, policy in (cfg.policies or {}).items()
            if policy and policy.get("world_size") is not None]
-    for kind, where, conf in (("rollout_backend", "", cfg.raas),
-                              ("trainer_backend", "", cfg.trainer),
-                              *(("trainer_backend", w, c) for w, c in own)):
+    for kind, policy, conf in (("rollout_backend", "", cfg.raas),
+                               ("trainer_backend", "", cfg.trainer),
+                               *(("trainer_backend", p, c) for p, c in own)):
         entry = registry.get(kind, conf.name)
         check = entry.checker() or getattr(entry.load(), "check_config", None)
         if callable(check):
             try:
                 check(conf)
             except ValueError as exc:  # a backend says what is wrong; no traceback for it
-                raise ConfigError(f"{where}{exc}") from None
+                raise ConfigError(_for_policy(str(exc), policy)) from None
     if lora_rank(cfg.trainer) and not getattr(
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
                           "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+
+
+def _for_policy(message: str, policy: str) -> str:
+    """A trainer check's message about a policy's own settings names the key the user
+    set (``policies.verifier.world_size``, not ``trainer.world_size``)."""
+    if not policy:
+        return message
+    own = message.replace("trainer.world_size", f"policies.{policy}.world_size")
+    return own if own != message else f"policies.{policy}: {message}"
 
 
 def check_lora(cfg: DictConfig) -> None:

@@ -156,3 +156,21 @@ def test_a_roles_wrong_setting_is_one_line(override, said):
     with pytest.raises(ConfigError) as err:
         compose_config(["workflow=solve_verify", override])
     assert str(err.value).startswith(said) and "\n" not in str(err.value)
+
+
+def test_a_roles_trainer_layout_is_judged_under_its_own_key():
+    """The trainer's check runs on each role's own world_size before anything starts; its
+    message names the key the user set, not ``trainer.world_size``."""
+    from astraflow.launch import preflight
+
+    cfg = compose_config(["workflow=solve_verify", "trainer=megatron",
+                          "trainer.tensor_model_parallel_size=2",
+                          "policies.verifier.world_size=3", "trainer.world_size=2"])
+    with pytest.raises(ConfigError) as err:
+        preflight.check_backends(cfg)
+    assert str(err.value).startswith("policies.verifier.world_size=3 is not a multiple of "
+                                     "tensor_model_parallel_size")
+    preflight.check_backends(compose_config(["workflow=solve_verify", "trainer=megatron",
+                                             "trainer.tensor_model_parallel_size=2",
+                                             "policies.verifier.world_size=4",
+                                             "trainer.world_size=2"]))
