@@ -259,7 +259,7 @@ class LocalRun:
         """Restart every component that died unexpectedly, up to ``launcher.max_restarts``
         times each; beyond that the run fails, naming the component and its log."""
         limit = int(self.cfg.launcher.max_restarts)
-        window = float(self.cfg.launcher.get("restart_window", float("inf")))
+        window = float(self.cfg.launcher.restart_window)
         if self.preloader is not None:  # a subreaper adopts orphans it must reap
             preload.reap_orphans({c.proc.pid for c in self.children.values()}
                                  | self.preloader.known())
