@@ -20,17 +20,24 @@ def test_an_agent_driving_its_own_calls_learns(tmp_path):
     workflow)."""
     (tmp_path / "agent.py").write_text((EXAMPLES / "answer_agent.py").read_text())
     run_dir = tmp_path / "run"
-    # 250 steps rather than the default 600, so a larger rate than the default 3e-4;
-    # held-out accuracy at the start and the end only: each evaluation runs the agent on
-    # every held-out task (sampled and greedy), on the CPUs training needs
-    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "steps=250",
-               "batch_size=256", "eval_every=250", "trainer.lr=5e-4", f"run_dir={run_dir}",
-               timeout=1200)
+    # 150 steps of the default 600, at the default rate (3e-4: 5e-4 first lost accuracy
+    # for some 30 steps and gained half as much; 1e-3 collapsed); held-out accuracy at the
+    # start and the end only: each evaluation runs the agent on every held-out task
+    # (sampled and greedy), on the CPUs training needs
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "steps=150",
+               "batch_size=256", "eval_every=0", f"run_dir={run_dir}", timeout=1200)
     result = run_summary(run_dir)["policy"]
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
+    # the last step of each number (a restarted trainer logs its journal's steps again)
+    steps = {r["step"]: r for r in records(run_dir / "metrics" / "train-policy.jsonl")}
+    rewards = [steps[k]["reward_mean"] for k in sorted(steps)]
+    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
-          f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured on 2 AMD EPYC cores: 0.17 -> 0.35 (+18) at step 200, 0.36 (+19) at 250,
-    # 0.41 (+24) at 350 (573 s); accuracy barely moves in the first 150 steps
-    assert gain >= 0.12
-    assert all(r["reward_failed"] == 0 for r in records(run_dir / "metrics" / "train-policy.jsonl"))
+          f"{result['final_eval_accuracy']:.3f} ({gain:+.3f}); training reward "
+          f"{first:.3f} -> {last:.3f} (first and last 15 steps)")
+    # measured alone on 2 AMD EPYC cores (67-76 s): held-out 0.15 -> 0.33 (+18) and
+    # 0.17 -> 0.30 (+13, seed 1); training reward 0.17 -> 0.43 and 0.19 -> 0.41, each
+    # mean of 15 steps over 3,840 samples (standard error ~0.01)
+    assert last - first >= 0.10
+    assert gain >= 0.08
+    assert all(r["reward_failed"] == 0 for r in steps.values())
