@@ -24,11 +24,14 @@ REL = 1e-5
 COMPARED = ("loss", "grad_norm", "logprob_abs_diff", "ratio_mean", "entropy",
             "clip_fraction", "tokens")
 
+#: each way a run's weights come together for publishing: FSDP2 shards, tensor-parallel
+#: slices and pipeline stages. Megatron's data-parallel replicas publish as one process
+#: does (rank 0 holds the whole model); their gradient all-reduce is checked against one
+#: process in the plugin's own tests (test_tensor_parallel.py)
 LAYOUTS = {
     "hf-fsdp2": ["trainer.world_size=2"],
     "megatron-tp2": ["+trainer=megatron", "trainer.world_size=2",
                      "trainer.tensor_model_parallel_size=2"],
-    "megatron-dp2": ["+trainer=megatron", "trainer.world_size=2"],
     "megatron-pp2": ["+trainer=megatron", "trainer.world_size=2",
                      "trainer.pipeline_model_parallel_size=2"],
 }
