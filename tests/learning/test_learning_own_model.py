@@ -45,15 +45,17 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch_run(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           "steps=400", "batch_size=128", "eval_every=400", "trainer.lr=2e-4",
+           # held-out accuracy at the start and the end alone, 32 samples a task: with 8,
+           # the start (the same weights) read anywhere from 0.23 to 0.30
+           "steps=300", "batch_size=128", "eval_every=0", "eval_samples=32", "trainer.lr=3e-4",
            f"run_dir={run_dir}")
     result = run_summary(run_dir)["policy"]
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured on 2 AMD EPYC cores: 0.27 -> 0.43 (+17) at step 200, 0.42 at 300,
-    # 0.54 (+28) at 400, 0.55 at 600 (304 s with an evaluation every 100 steps)
-    assert gain >= 0.15
+    # measured alone on 2 AMD EPYC cores (33-36 s): 0.27 -> 0.51 (+24); with 8 samples
+    # +16 and +23 (seeds 0 and 1). At lr 2e-4 it took 400 steps to gain +28
+    assert gain >= 0.12
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train_records = [r for r in records if r["kind"] == "train"]
     # the extra number the reward returned is logged per step
