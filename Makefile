@@ -19,9 +19,10 @@ PLUGIN_REQS := $(patsubst plugins/raas_vllm,'plugins/raas_vllm[$(VLLM_EXTRA)]',\
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
-# make test's pytest-xdist workers: one a core on CI's two (conftest.py says how files are
-# shared out); TEST_WORKERS=0 runs the suite in this one process
-TEST_WORKERS ?= 2
+# make test's pytest-xdist workers: one a core on CI's two for the tests the CPU paces, and
+# a third for those the clock paces (conftest.py's PACED: latency, timeouts, a steady load),
+# which leave most of a core idle; TEST_WORKERS=0 runs the suite in this one process
+TEST_WORKERS ?= 3
 
 .PHONY: run test test-fast install lint docs bench bench-peers clean
 

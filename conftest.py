@@ -9,10 +9,12 @@ Each test gets its tier as a marker (``pytest -m unit``). A unit test that start
 subprocess or takes longer than :data:`UNIT_SECONDS` fails, saying so: the tier stays
 fast without anyone watching it. ``make test`` runs every tier.
 
-``make test`` runs two pytest-xdist workers (``-n 2 --dist loadfile``): a test file is
+``make test`` runs three pytest-xdist workers (``-n 3 --dist loadfile``): a test file is
 the unit of work a worker takes, so a file's module-scoped fixtures (an engine) start
 once; the files that share a Ray cluster, or that install packages into the environment,
-go to one worker together (:data:`GROUPS`, :func:`pytest_xdist_make_scheduler`).
+go to one worker together (:data:`GROUPS`, :func:`pytest_xdist_make_scheduler`). Two
+workers, one a core, take the tests the CPU paces; the third takes those the clock paces
+(:data:`PACED`), which leave most of a core idle.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ UNIT_SECONDS = 5.0
 GROUPS = {
     "tests/system/cluster": "ray-cluster",
 }
+#: tests whose length the clock sets (an environment's latency, a shaped link, timeouts,
+#: Ray's placement and health checks), not the CPU: each keeps about half a core busy, one
+#: a core (chaos). With three workers or more the last takes these alone, beside two on
+#: the rest (:func:`pytest_xdist_make_scheduler`); a directory or a file named here is one
+#: unit, a test its own
+PACED = (
+    "tests/system/cluster",
+    "tests/system/faults/test_faults_chaos.py",
+    "tests/system/elastic/test_elastic_cross_region.py",
+    "tests/system/multipolicy/test_multipolicy_sync.py",
+    "tests/system/e2e/test_e2e_agent.py::test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on",
+)
 #: audit events that start another process
 SPAWNS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
           "os.system", "os.exec", "pty.spawn")
@@ -87,7 +101,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class FileGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            for paced in PACED:
+                if nodeid == paced or nodeid.startswith((paced + "::", paced + "/")):
+                    return paced
             return group_of(ROOT / nodeid.split("::", 1)[0])
+
+        def _assign_work_unit(self, node) -> None:
+            """With three workers or more, the last takes the :data:`PACED` units and
+            nothing else; the others take the rest first, then what is left of those."""
+            lane = self.numnodes >= 3 and node.gateway.id == f"gw{self.numnodes - 1}"
+            units = list(self.workqueue)
+            mine = [u for u in units if (u in PACED) == lane]
+            if not mine and not lane:
+                mine = units
+            if not mine:
+                # a worker runs the last test it holds only once it knows what comes next
+                # or that nothing does: told so now, not when the whole queue is empty
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(mine[0], last=False)
+            super()._assign_work_unit(node)
 
     return FileGroups(config, log)
 
