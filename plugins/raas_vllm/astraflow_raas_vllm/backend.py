@@ -13,9 +13,10 @@ engine itself reports for it, so a reload racing the last outputs of a request c
 mislabel them.
 
 LoRA adapters go through vLLM's own LoRA support: each version of a policy's adapter is
-added under a new adapter id (a ``LoRARequest``) and the previous id removed once the
-new one is loaded, so requests in flight finish on the adapter they started with and
-the base weights are never touched.
+added under a new adapter id (a ``LoRARequest``) and the previous id removed, with its
+files, once the new one is loaded and the last request that named it has ended: a
+request still queued loads its adapter from those files when it is scheduled (a removed
+directory killed the engine), and the base weights are never touched.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ class VLLMRolloutBackend(RolloutBackend):
         self._processes: list[psutil.Process] = []
         self._lora: dict[str, Any] | None = None  # engine LoRA settings, when serving them
         self._loaded: dict[str, LoRARequest] = {}  # adapter name -> its current request
+        #: requests in flight per adapter id, and the replaced adapters that wait for
+        #: theirs to end before they are removed
+        self._using: dict[int, int] = {}
+        self._replaced: dict[int, LoRARequest] = {}
         self._ids = itertools.count(1)
         self._lora_dir: str | None = None
 
@@ -172,10 +177,16 @@ class VLLMRolloutBackend(RolloutBackend):
         lora = self._loaded.get(request.adapter) if request.adapter else None
         version = (self.adapter_versions[request.adapter]
                    if lora is not None and request.adapter else None)
-        stream = self._engine().generate(tokens_input(list(request.prompt_ids)),
-                                         self.sampling_params(request),
-                                         request_id=uuid.uuid4().hex, lora_request=lora)
-        [final] = [out async for out in stream]  # FINAL_ONLY: one output per request
+        if lora is not None:
+            self._using[lora.lora_int_id] = self._using.get(lora.lora_int_id, 0) + 1
+        try:
+            stream = self._engine().generate(tokens_input(list(request.prompt_ids)),
+                                             self.sampling_params(request),
+                                             request_id=uuid.uuid4().hex, lora_request=lora)
+            [final] = [out async for out in stream]  # FINAL_ONLY: one output per request
+        finally:
+            if lora is not None:
+                await self._release(lora.lora_int_id)
         gens = [self._generation(out, version)
                 for out in sorted(final.outputs, key=lambda o: o.index)]
         return gens * request.n if request.temperature <= 0 else gens
@@ -213,8 +224,26 @@ class VLLMRolloutBackend(RolloutBackend):
         self._loaded[name] = request
         self.adapter_versions[name] = version
         if old is not None:
-            await engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
+            if self._using.get(old.lora_int_id):
+                self._replaced[old.lora_int_id] = old
+            else:
+                await self._remove(old)
+
+    async def _release(self, lora_id: int) -> None:
+        """A request that named adapter ``lora_id`` ended; a replaced adapter goes with
+        the last of them."""
+        left = self._using.pop(lora_id) - 1
+        if left:
+            self._using[lora_id] = left
+        elif lora_id in self._replaced:
+            # not the request's error: it ended (or failed) on its own before this
+            with contextlib.suppress(Exception):
+                await self._remove(self._replaced.pop(lora_id))
+
+    async def _remove(self, old: Any) -> None:
+        if self.engine is not None:
+            await self.engine.remove_lora(old.lora_int_id)
+        shutil.rmtree(old.lora_path, ignore_errors=True)
 
     async def load_weights(self, path: str, version: int) -> None:
         await self._reload(path, version, keep_requests=False)
