@@ -45,6 +45,11 @@ IDLE_POLL = 0.2
 BUSY_POLL = 0.5
 #: longest a leaving node tries to tell the data layer so
 LEAVE_TIMEOUT = 5.0
+#: a node whose last this many rollouts all failed, none for this many seconds (an
+#: engine that died under it), stops with the last error, so that its launcher starts it
+#: again (within launcher.max_restarts) instead of it failing every lease for ever
+FAILED_IN_A_ROW = 16
+FAILING_SECONDS = 30.0
 
 
 @dataclass
@@ -198,6 +203,9 @@ class RaaSNode:
         self.fatal: Exception | None = None
         self.node_id: str | None = None
         self.completed = 0
+        #: rollouts failed since the last that did not, and when that one ended
+        self.failed_in_a_row = 0
+        self.last_success = time.monotonic()
         #: tasks being rolled out now, and the moving average of lease-to-submit seconds
         self.in_flight = 0
         self.turnaround: float | None = None
@@ -389,7 +397,7 @@ class RaaSNode:
                     waker.cancel()
             running -= wakers
             done -= wakers
-            _report(done)
+            self._report(done, stop)
             for finished in done:  # the leases that came back with the submissions
                 if finished.exception() is None:
                     for lease in finished.result():
@@ -401,7 +409,7 @@ class RaaSNode:
             grace = 0.0 if over else self.options.leave_grace
             done, late = await asyncio.wait(running, timeout=grace) if grace else (set(),
                                                                                   running)
-            _report(done)
+            self._report(done, stop)
             for task in late:  # e.g. submissions retrying a data layer that is gone:
                 task.cancel()  # their leases expire and are issued again
             if late and over:
@@ -412,6 +420,25 @@ class RaaSNode:
                             "will be issued again", self.name, len(late), grace)
             if late:
                 await asyncio.wait(late)
+
+    def _report(self, done: set[asyncio.Task], stop: asyncio.Event) -> None:
+        """Logs each failed rollout; a node whose rollouts have all failed for a while
+        stops with the last error (see :data:`FAILED_IN_A_ROW`)."""
+        for task in done:
+            error = task.exception()
+            if error is None:
+                self.failed_in_a_row, self.last_success = 0, time.monotonic()
+                continue
+            log.error("rollout failed: %r", error)
+            self.failed_in_a_row += 1
+            failing = time.monotonic() - self.last_success
+            if (self.fatal is None and self.failed_in_a_row >= FAILED_IN_A_ROW
+                    and failing >= FAILING_SECONDS):
+                self.fatal = RuntimeError(
+                    f"node {self.name}: its last {self.failed_in_a_row} rollouts failed and "
+                    f"none succeeded for {failing:.0f} s; it stops so that it can be started "
+                    f"again. The last error: {error!r}")
+                stop.set()
 
     async def _trainers_gone(self) -> bool:
         """Whether every policy this node serves has lost all its trainers (they left at
@@ -443,8 +470,9 @@ class RaaSNode:
                     self.node_id, max_tasks=self.options.sync_tasks, wait=0.5,
                     versions=waiting)
                 if leases:
-                    _report((await asyncio.wait([asyncio.create_task(self._run_lease(lease))
-                                                 for lease in leases]))[0])
+                    self._report((await asyncio.wait(
+                        [asyncio.create_task(self._run_lease(lease)) for lease in leases]))[0],
+                        stop)
                 latest = {p: await asyncio.to_thread(self.weights.latest, p)
                           for p in self.backends}
                 waiting = {p: v for p, v in versions.items() if (latest[p] or 0) <= v}
@@ -493,10 +521,6 @@ def in_flight_target(rate: float | None, turnaround: float | None, cap: int) -> 
     return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
 
 
-def _report(done: set[asyncio.Task]) -> None:
-    for task in done:
-        if task.exception() is not None:
-            log.error("rollout failed: %r", task.exception())
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
