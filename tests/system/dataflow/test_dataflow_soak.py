@@ -25,7 +25,12 @@ def test_the_data_layer_stays_flat_under_steady_load(monkeypatch):
     # everything accepted is trained but the last batches in flight
     assert result["trained"] >= result["accepted"] - 4 * soak.BATCH
     assert checks["rss_growth_ok"], checks
-    assert checks["store_bounded"], checks
+    # the store: the bench's 1.2x is for a quiet machine; here the rate the neighbours
+    # leave moves how much retention holds (a CI run grew it past 1.2x with every other
+    # check passing), while keeping every task done would grow it 2.5x (45 s of tasks
+    # against the 18 s at its first reading)
+    assert checks["database_growth"] <= 1.0, checks
+    assert checks["payload_log_max_mb"] <= 2 * soak.SEGMENT_BYTES / 2**20, checks
     # retention keeps what is remembered to a few seconds' worth of tasks
     remembered = [s["remembered"] for s in result["samples"] if s["t"] >= 15]
     assert max(remembered) < 2 * result["achieved_trajectories_per_s"] * 4 / 8 + 200
