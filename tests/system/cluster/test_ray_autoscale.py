@@ -45,6 +45,9 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
         return [r for r in records(run_dir / "metrics" / "launcher.jsonl")
                 if r["event"] == kind]
 
+    def waited(name: str) -> list[dict]:
+        return [e for e in events("waiting_for_placement") if e["component"] == name]
+
     with reaped(launcher):
         wait_for(lambda: events("autoscale"), 240, "the pool to grow", launcher)
         # the room the run needs now: three pool-a nodes (two placed, one waiting), as
@@ -60,7 +63,9 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
             wait_for(requested, 60, "three pool-a bundles requested", launcher)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; ray status said:\n{seen[-1]}") from None
-        wait_for(lambda: events("waiting_for_placement"), 120,
+        # a component Ray is slow to start under load may be said to wait too: the one
+        # that matters is the node the cluster has no room for
+        wait_for(lambda: waited("raas-a-2"), 120,
                  "the launcher to say raas-a-2 waits for room", launcher)
         wait_for(lambda: (run_dir / "metrics" / "train-policy.jsonl").exists(), 120,
                  "a train step", launcher)
@@ -70,7 +75,7 @@ def test_a_pool_grown_past_the_cluster_asks_the_ray_autoscaler(cluster, tmp_path
     grown = events("autoscale")
     assert grown and grown[0]["pool"] == "a" and grown[0]["target"] == 3, grown
     assert "raas-a-2 waits for Ray to place it" in err
-    assert events("waiting_for_placement")[0]["component"] == "raas-a-2"
+    assert not waited("raas-a-2")[0]["again"]
     assert events("request_resources")
     wait_for(lambda: "from request_resources()" not in ray_status(cluster), 60,
              "the request withdrawn at the end of the run")
