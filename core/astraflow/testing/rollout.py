@@ -259,6 +259,19 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     With ``adapter`` (:func:`make_adapter`) the engine serves it over ``model_dir`` and a
     LoRA trainer holding it recomputes.
     """
+    gaps = logprob_gaps(raas, trainer, model_dir, prompts, raas_config, adapter)
+    return gaps["adapter" if adapter is not None else "base"]
+
+
+def logprob_gaps(raas: str, trainer: str, model_dir: str,
+                 prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20="),
+                 raas_config: Any = None, adapter: Path | None = None,
+                 with_base: bool = False) -> dict[str, tuple[float, int]]:
+    """:func:`logprob_gap` as ``{"base": ..., "adapter": ...}``. With ``adapter`` and
+    ``with_base`` one engine samples the base model, then loads the adapter and samples
+    it, then the base again beside it (``"base beside the adapter"``): what a node serving
+    every policy as an adapter of one engine serves at its start. Each is recomputed by
+    the trainer of what sampled it."""
     import json
 
     from astraflow.text import load_tokenizer
@@ -274,26 +287,36 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
     if adapter is not None:
         rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
         engine.configure_adapters(rank, ["policy"])
+    # (what is sampled, its adapter): the base first, as a node serves a policy before
+    # its first adapter arrives, and again beside the adapter (another policy's, whose
+    # own has not arrived yet)
+    served = [("adapter", "policy")] if adapter is not None else []
+    if adapter is None or with_base:
+        served.insert(0, ("base", None))
+    if adapter is not None and with_base:
+        served.append(("base beside the adapter", None))
+    items: dict[str, list[Any]] = {what: [] for what, _ in served}
     loop = LoopThread()
     loop.run(engine.start())
-    items = []
     try:
-        if adapter is not None:
-            loop.run(engine.load_adapter("policy", str(adapter), 1))
-        for text in prompts:
-            prompt = tok.encode_prompt(text)
-            request = GenerationRequest(prompt, max_new_tokens=8, n=4,
-                                        stop_token_ids=tok.stop_token_ids,
-                                        adapter="policy" if adapter is not None else None)
-            for gen in loop.run(engine.generate(request)):
-                builder = TrajectoryBuilder(text, text)
-                builder.add_context(prompt)
-                builder.add_generation("policy", gen)
-                items.append(TrainItem(builder.build("policy", 0.0), 0.0))
+        for what, name in served:
+            if name is not None:
+                loop.run(engine.load_adapter(name, str(adapter), 1))
+            for text in prompts:
+                prompt = tok.encode_prompt(text)
+                request = GenerationRequest(prompt, max_new_tokens=8, n=4,
+                                            stop_token_ids=tok.stop_token_ids, adapter=name)
+                for gen in loop.run(engine.generate(request)):
+                    builder = TrajectoryBuilder(text, text)
+                    builder.add_context(prompt)
+                    builder.add_generation("policy", gen)
+                    items[what].append(TrainItem(builder.build("policy", 0.0), 0.0))
     finally:
         loop.run(engine.shutdown())
         loop.close()
-    return trainer_gap(trainer, model_dir, items, adapter=adapter, rank=rank)
+    return {what: trainer_gap(trainer, model_dir, items[what],
+                              adapter=adapter if name else None, rank=rank if name else 0)
+            for what, name in served}
 
 
 def trainer_gap(trainer: str, model_dir: str, items: list[Any], adapter: Path | None = None,

@@ -37,7 +37,7 @@ import psutil
 
 from astraflow.contracts import RolloutBackend
 from astraflow.types import Generation, GenerationRequest
-from astraflow.weights.base import copy_adapter
+from astraflow.weights.base import ADAPTER_FILE, copy_adapter
 from astraflow_raas_vllm import check_config
 
 try:
@@ -103,15 +103,18 @@ class VLLMRolloutBackend(RolloutBackend):
         self._replaced: dict[int, LoRARequest] = {}
         self._ids = itertools.count(1)
         self._lora_dir: str | None = None
+        #: served for a policy whose first adapter has not arrived, once any other has
+        self._base: LoRARequest | None = None
 
     def configure_adapters(self, max_rank: int, names: list[str]) -> None:
         fitting = [r for r in LORA_RANKS if r >= max_rank]
         if not fitting:
             raise ValueError(f"trainer.lora.rank={max_rank}: vLLM serves ranks up to "
                              f"{LORA_RANKS[-1]}")
-        # every policy's adapter in one batch, and room for each one's next version
+        # every policy's adapter in one batch, and room for each one's next version; one
+        # more for the base model as an adapter (see ``_zero_adapter``)
         self._lora = {"enable_lora": True, "max_lora_rank": fitting[0],
-                      "max_loras": len(names), "max_cpu_loras": 2 * len(names)}
+                      "max_loras": len(names) + 1, "max_cpu_loras": 2 * len(names) + 1}
 
     async def start(self) -> None:
         cfg = self.config
@@ -177,6 +180,7 @@ class VLLMRolloutBackend(RolloutBackend):
         lora = self._loaded.get(request.adapter) if request.adapter else None
         version = (self.adapter_versions[request.adapter]
                    if lora is not None and request.adapter else None)
+        lora = lora or self._base
         if lora is not None:
             self._using[lora.lora_int_id] = self._using.get(lora.lora_int_id, 0) + 1
         try:
@@ -216,6 +220,12 @@ class VLLMRolloutBackend(RolloutBackend):
             self._lora_dir = tempfile.mkdtemp(prefix="astraflow-vllm-lora-")
         # vLLM may read an adapter from its path again (after evicting it)
         own = copy_adapter(path, self._lora_dir, f"{name}-v{version}")
+        if self._base is None:
+            base = LoRARequest(lora_name="base", lora_int_id=next(self._ids),
+                               lora_path=_zero_adapter(own, self._lora_dir))
+            if not await engine.add_lora(base):
+                raise ValueError(f"vLLM refused the base model as an adapter of {path}")
+            self._base = base
         request = LoRARequest(lora_name=f"{name}-v{version}", lora_int_id=next(self._ids),
                               lora_path=own)
         if not await engine.add_lora(request):
@@ -308,3 +318,20 @@ class VLLMRolloutBackend(RolloutBackend):
         psutil.wait_procs(alive, timeout=5)
         if self._owns_tracker:
             _tracker()._stop()
+
+
+def _zero_adapter(path: str, root: str) -> str:
+    """A copy of the adapter at ``path`` whose B matrices are zero: the base model, as an
+    adapter. Once an engine holds adapters, a request of none is served as this one:
+    vLLM's CPU LoRA kernels take an unadapted request's slot index (-1) as the last slot,
+    and applied an adapter's output layer to the base model's samples."""
+    from astraflow.weights.safetensors_io import load, save
+
+    own = copy_adapter(path, root, "base")
+    file = os.path.join(own, ADAPTER_FILE)
+    tensors, metadata = load(file)
+    for name, tensor in tensors.items():
+        if ".lora_B." in name:
+            tensor.data[...] = 0
+    save(file, tensors, metadata)
+    return own

@@ -1,7 +1,7 @@
 """raas=vllm's behaviour log-probs match the HF trainer's, for whole models and adapters.
 
-Each test starts a real vLLM engine on CPU (tens of seconds each), so they are few. A run
-on vLLM is tested with a chat checkpoint in test_e2e_own_model.py, with LoRA adapters in
+A real vLLM engine on CPU takes tens of seconds to start, so one serves both here. A run on
+vLLM is tested with a chat checkpoint in test_e2e_own_model.py, with LoRA adapters in
 test_e2e_lora.py.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.testing.rollout import logprob_gap, make_adapter
+from astraflow.testing.rollout import logprob_gaps, make_adapter
 
 pytest.importorskip("vllm")
 
@@ -19,26 +19,22 @@ TOLERANCE = 1e-4
 
 
 @pytest.mark.slow
-def test_raas_vllm_logprobs_match_trainer_hf(tiny_model_dir):
-    worst, count = logprob_gap("vllm", "hf", tiny_model_dir)
-    print(f"max |vllm behaviour - hf recomputed| log-prob over {count} tokens: {worst:.2e}")
-    assert count >= 12
-    assert worst < TOLERANCE
-
-
-@pytest.mark.slow
-def test_raas_vllm_adapter_logprobs_match_trainer_hf_with_that_adapter(tiny_model_dir,
-                                                                       tmp_path):
-    """vLLM serves a LoRA adapter through a LoRARequest (its CPU LoRA kernels); a LoRA
-    trainer holding the same adapter recomputes the same log-probs. The adapter covers
-    the output layer too, as in +experiment=lora."""
+def test_raas_vllm_logprobs_match_trainer_hf_for_the_base_and_an_adapter(tiny_model_dir,
+                                                                         tmp_path):
+    """One engine serves the base model, then a LoRA adapter (through a LoRARequest:
+    vLLM's CPU LoRA kernels) and the base beside it, as a node serving two policies as
+    adapters does before the second one's first adapter arrives; the HF trainer
+    recomputes the base's log-probs, and a LoRA trainer holding the same adapter the
+    adapter's. The adapter covers the output layer too, as in +experiment=lora (an
+    unadapted request once took the adapter's output layer there)."""
     pytest.importorskip("peft")
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"])
-    worst, count = logprob_gap("vllm", "hf", tiny_model_dir, adapter=adapter)
-    print(f"max |vllm behaviour - hf recomputed| log-prob with an adapter over {count} "
-          f"tokens: {worst:.2e}")
-    assert count >= 12
-    assert worst < TOLERANCE
-
-
+    gaps = logprob_gaps("vllm", "hf", tiny_model_dir, adapter=adapter, with_base=True)
+    for served, (worst, count) in gaps.items():
+        print(f"{served}: max |vllm behaviour - hf recomputed| log-prob over {count} "
+              f"tokens: {worst:.2e}")
+    assert set(gaps) == {"base", "adapter", "base beside the adapter"}
+    for worst, count in gaps.values():
+        assert count >= 12
+        assert worst < TOLERANCE
