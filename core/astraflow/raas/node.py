@@ -521,8 +521,6 @@ def in_flight_target(rate: float | None, turnaround: float | None, cap: int) -> 
     return max(1, min(cap, math.ceil(rate * turnaround * HEADROOM) + 1))
 
 
-
-
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
