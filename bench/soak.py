@@ -15,6 +15,9 @@ latency is recorded by the node that made it. After a warm-up (long enough for
 * resident memory growth from the end of the warm-up to the end: <= 5%;
 * p99 lease and submit latency in the last tenth of the run <= 1.2x the first tenth
   after the warm-up;
+* the data layer's CPU time per trajectory accepted, in the same two windows: <= 1.2x
+  (work that grows with what was done shows here even where neighbours on the machine
+  move the latencies);
 * the store bounded: its database at the end <= 1.2x its size at the end of the
   warm-up, its payload log never past two segments (the one being appended to and one
   sealed, reclaimed once its trajectories are trained).
@@ -151,6 +154,12 @@ def _trainer_process(args: tuple) -> int:
     return trained
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -158,9 +167,21 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _p99(lat: list[tuple[float, float]], start: float, end: float) -> float | None:
+def _percentile(lat: list[tuple[float, float]], start: float, end: float, q: float
+                ) -> float | None:
     window = [s for t, s in lat if start <= t < end]
-    return float(np.percentile(window, 99)) * 1000 if len(window) >= 20 else None
+    return float(np.percentile(window, q)) * 1000 if len(window) >= 20 else None
+
+
+def _cpu_per_trajectory(samples: list[dict[str, Any]], start: float, end: float
+                        ) -> float | None:
+    """The data layer's CPU milliseconds per trajectory accepted between the samples
+    that bound [start, end] (seconds since the start)."""
+    inside = [s for s in samples if start <= s["t"] <= end]
+    if len(inside) < 2 or inside[-1]["accepted"] <= inside[0]["accepted"]:
+        return None
+    return ((inside[-1]["cpu_s"] - inside[0]["cpu_s"]) * 1000
+            / (inside[-1]["accepted"] - inside[0]["accepted"]))
 
 
 def start_server(store: Path, retain: float) -> tuple[subprocess.Popen, str]:
@@ -181,8 +202,9 @@ def start_server(store: Path, retain: float) -> tuple[subprocess.Popen, str]:
 
 
 def soak(seconds: float, rate: float, retain: float, warmup: float, sample: float,
-         clients: int, slots: int, tokens: int) -> dict[str, Any]:
-    """Run the soak and return its figures and checks (see the module's docstring)."""
+         clients: int, slots: int, tokens: int, window: float = 0.1) -> dict[str, Any]:
+    """Run the soak and return its figures and checks (see the module's docstring):
+    the first and last ``window`` of the time after the warm-up are compared."""
     from astraflow.dataflow.client import DataflowClient
 
     store = Path(tempfile.mkdtemp(prefix="astraflow-soak-")) / "store"
@@ -200,6 +222,7 @@ def soak(seconds: float, rate: float, retain: float, warmup: float, sample: floa
                 st = probe.status()
                 samples.append({
                     "t": round(time.time() - began, 1), "rss_mb": round(_rss_mb(server.pid), 1),
+                    "cpu_s": _cpu_seconds(server.pid),
                     "database_bytes": st["store"]["database_bytes"],
                     "wal_bytes": st["store"]["wal_bytes"],
                     "payload_bytes": st["store"]["payload_log"]["bytes"],
@@ -213,19 +236,24 @@ def soak(seconds: float, rate: float, retain: float, warmup: float, sample: floa
         server.terminate()
         server.wait(30)
         shutil.rmtree(store.parent, ignore_errors=True)
-    return _report(samples, results, trained, began, seconds, warmup, rate)
+    return _report(samples, results, trained, began, seconds, warmup, rate, window)
 
 
 def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, Any]]],
-            trained: int, began: float, seconds: float, warmup: float, rate: float
-            ) -> dict[str, Any]:
+            trained: int, began: float, seconds: float, warmup: float, rate: float,
+            window: float) -> dict[str, Any]:
     accepted = sum(r[0] for r in results)
     lat = {k: [x for _, ls in results for x in ls[k]] for k in ("lease", "submit")}
     after = [s for s in samples if s["t"] >= warmup]
-    tenth = (seconds - warmup) / 10
+    tenth = (seconds - warmup) * window
     first = (began + warmup, began + warmup + tenth)
     last = (began + seconds - tenth, began + seconds)
-    p99 = {k: {"first_ms": _p99(v, *first), "last_ms": _p99(v, *last)} for k, v in lat.items()}
+    p99 = {k: {"first_ms": _percentile(v, *first, 99), "last_ms": _percentile(v, *last, 99)}
+           for k, v in lat.items()}
+    p50 = {k: {"first_ms": _percentile(v, *first, 50), "last_ms": _percentile(v, *last, 50)}
+           for k, v in lat.items()}
+    cpu = {"first_ms": _cpu_per_trajectory(samples, warmup, warmup + tenth),
+           "last_ms": _cpu_per_trajectory(samples, seconds - tenth, seconds)}
     rss0, rss1 = after[0]["rss_mb"], after[-1]["rss_mb"]
     # the database (and its WAL) is bounded by retention; the payload log by its
     # segments: the one being appended to and one sealed, reclaimed once trained
@@ -237,17 +265,24 @@ def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, An
         "rss_growth_ok": rss1 <= 1.05 * rss0,
         **{f"{k}_p99_last_over_first": round(v["last_ms"] / v["first_ms"], 3)
            if v["first_ms"] and v["last_ms"] else None for k, v in p99.items()},
+        **{f"{k}_p50_last_over_first": round(v["last_ms"] / v["first_ms"], 3)
+           if v["first_ms"] and v["last_ms"] else None for k, v in p50.items()},
+        "cpu_per_trajectory_last_over_first": round(cpu["last_ms"] / cpu["first_ms"], 3)
+        if cpu["first_ms"] and cpu["last_ms"] else None,
         "database_growth": round(db1 / max(db0, 1) - 1, 4),
         "payload_log_max_mb": round(payload_max / 2**20, 1),
         "store_bounded": db1 <= 1.2 * db0 and payload_max <= 2 * SEGMENT_BYTES,
     }
     checks["latency_ok"] = all(checks[f"{k}_p99_last_over_first"] is not None
                                and checks[f"{k}_p99_last_over_first"] <= 1.2 for k in p99)
+    checks["cpu_ok"] = (checks["cpu_per_trajectory_last_over_first"] is not None
+                        and checks["cpu_per_trajectory_last_over_first"] <= 1.2)
     return {"seconds": seconds, "warmup_seconds": warmup,
             "target_trajectories_per_s": rate,
             "achieved_trajectories_per_s": round(accepted / seconds, 1),
             "achieved_over_target": round(accepted / seconds / rate, 3),
-            "accepted": accepted, "trained": trained, "p99": p99, "checks": checks,
+            "accepted": accepted, "trained": trained, "p99": p99, "p50": p50,
+            "cpu_ms_per_trajectory": cpu, "checks": checks,
             "samples": samples}
 
 

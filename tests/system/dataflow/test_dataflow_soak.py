@@ -1,6 +1,7 @@
 """A compressed soak (``bench/soak.py``): the data layer under steady two-policy load for
-45 s, remembering done work for 4 s, must stay flat -- resident memory, the store, and
-lease and submit latency -- once warm. The bench runs the same for an hour."""
+45 s, remembering done work for 4 s, must stay flat -- resident memory, the store, its
+CPU per trajectory, and lease and submit latency -- once warm. The bench runs the same
+for an hour."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ def test_the_data_layer_stays_flat_under_steady_load(monkeypatch):
     # importable by name: its node processes are spawned and import it again
     monkeypatch.syspath_prepend(str(BENCH))
     soak = importlib.import_module("soak")
+    # the first and last thirds after the warm-up compared (the bench: tenths of an hour)
     result = soak.soak(seconds=45, rate=1500, retain=4, warmup=15, sample=1, clients=1,
-                       slots=8, tokens=64)
+                       slots=8, tokens=64, window=1 / 3)
     checks = result["checks"]
+    print({k: result[k] for k in ("p50", "p99", "cpu_ms_per_trajectory")})
     assert result["achieved_over_target"] >= 0.6, result["achieved_trajectories_per_s"]
     # everything accepted is trained but the last batches in flight
     assert result["trained"] >= result["accepted"] - 4 * soak.BATCH
@@ -34,8 +37,12 @@ def test_the_data_layer_stays_flat_under_steady_load(monkeypatch):
     # retention keeps what is remembered to a few seconds' worth of tasks
     remembered = [s["remembered"] for s in result["samples"] if s["t"] >= 15]
     assert max(remembered) < 2 * result["achieved_trajectories_per_s"] * 4 / 8 + 200
-    # latency: a neighbouring test moves p99 on two cores, so the bound here is wider than
-    # the bench's 1.2x on a quiet machine; growth with what was done (a scan of every
-    # task remembered per request) would show as several times
+    # the slope, as work: the data layer's CPU per trajectory accepted (a scan of every
+    # task remembered per request would grow it several times). The neighbours' load
+    # hardly moves it (two busy loops on both cores through the last third: 0.199 ->
+    # 0.182 ms), where it moves latency (the same: median x2.3, p99 x2.7; a CI run's
+    # p99 30 -> 123 ms): latency's bound here is on the median, and only against growth
+    # past what sharing two cores explains
+    assert checks["cpu_per_trajectory_last_over_first"] <= 1.5, result["cpu_ms_per_trajectory"]
     for kind in ("lease", "submit"):
-        assert checks[f"{kind}_p99_last_over_first"] <= 2.0, result["p99"]
+        assert checks[f"{kind}_p50_last_over_first"] <= 3.0, result["p50"]
