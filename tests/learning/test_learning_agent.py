@@ -20,11 +20,11 @@ def test_an_agent_driving_its_own_calls_learns(tmp_path):
     workflow)."""
     (tmp_path / "agent.py").write_text((EXAMPLES / "answer_agent.py").read_text())
     run_dir = tmp_path / "run"
-    # 150 steps of the default 600, at the default rate (3e-4: 5e-4 first lost accuracy
+    # 100 steps of the default 600, at the default rate (3e-4: 5e-4 first lost accuracy
     # for some 30 steps and gained half as much; 1e-3 collapsed); held-out accuracy at the
     # start and the end only: each evaluation runs the agent on every held-out task
     # (sampled and greedy), on the CPUs training needs
-    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "steps=150",
+    launch_run(tmp_path, "workflow=agent", "agent.path=agent.py", "steps=100",
                "batch_size=256", "eval_every=0", f"run_dir={run_dir}", timeout=1200)
     result = run_summary(run_dir)["policy"]
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
@@ -35,9 +35,11 @@ def test_an_agent_driving_its_own_calls_learns(tmp_path):
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f}); training reward "
           f"{first:.3f} -> {last:.3f} (first and last 15 steps)")
-    # measured alone on 2 AMD EPYC cores (67-76 s): held-out 0.15 -> 0.33 (+18) and
-    # 0.17 -> 0.30 (+13, seed 1); training reward 0.17 -> 0.43 and 0.19 -> 0.41, each
-    # mean of 15 steps over 3,840 samples (standard error ~0.01)
+    # measured alone on 2 AMD EPYC cores (47-49 s): held-out 0.151 -> 0.273 (+0.12) and
+    # 0.156 -> 0.260 (+0.10, seed 1); training reward 0.18 -> 0.36 and 0.18 -> 0.35, each
+    # the mean of 15 steps over 3,840 samples (standard error ~0.01). The held-out gain
+    # is the noisier (800 samples a reading): its bar is three standard errors, the
+    # training reward's rise the firmer one
     assert last - first >= 0.10
-    assert gain >= 0.08
+    assert gain >= 0.06
     assert all(r["reward_failed"] == 0 for r in steps.values())
