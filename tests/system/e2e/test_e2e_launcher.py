@@ -82,16 +82,16 @@ def test_deferred_evaluation_scores_every_due_version_after_training(tmp_path,
     assert kept == [], kept
 
 
-@pytest.mark.parametrize("deferred", ["false", "true"])
 def test_eval_every_zero_scores_the_start_and_the_final_version_alone(tmp_path,
-                                                                      tiny_model_dir, deferred):
+                                                                      tiny_model_dir):
     """``eval_every=0``: no evaluation in between, and the run ends (its evaluator used
-    to wait for a due version forever)."""
+    to wait for a due version forever). A deferred evaluator decides what is due in the
+    same loop (test_deferred_evaluation_scores_every_due_version_after_training)."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "astraflow", "+experiment=smoke", f"run_dir={run_dir}",
          f"model.path={tiny_model_dir}", "launcher.progress=false", "steps=5",
-         "eval_every=0", f"eval_deferred={deferred}"],
+         "eval_every=0"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
