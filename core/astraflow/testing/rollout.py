@@ -266,12 +266,14 @@ def logprob_gap(raas: str, trainer: str, model_dir: str,
 def logprob_gaps(raas: str, trainer: str, model_dir: str,
                  prompts: tuple[str, ...] = ("12+7=", "3-15=", "20+20="),
                  raas_config: Any = None, adapter: Path | None = None,
-                 with_base: bool = False) -> dict[str, tuple[float, int]]:
+                 with_base: bool = False,
+                 started: tuple[Any, LoopThread] | None = None) -> dict[str, tuple[float, int]]:
     """:func:`logprob_gap` as ``{"base": ..., "adapter": ...}``. With ``adapter`` and
     ``with_base`` one engine samples the base model, then loads the adapter and samples
     it, then the base again beside it (``"base beside the adapter"``): what a node serving
     every policy as an adapter of one engine serves at its start. Each is recomputed by
-    the trainer of what sampled it."""
+    the trainer of what sampled it. ``started``: an engine of ``raas`` already started
+    (with its adapters configured) and the loop it runs on, left running."""
     import json
 
     from astraflow.text import load_tokenizer
@@ -280,13 +282,19 @@ def logprob_gaps(raas: str, trainer: str, model_dir: str,
 
     registry = get_registry()
     tok = load_tokenizer(model_dir)
-    entry = registry.get("rollout_backend", raas)
-    engine = entry.create(raas_config if raas_config is not None
-                          else OmegaConf.structured(entry.config_cls), model_dir)
     rank = 0
     if adapter is not None:
         rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
-        engine.configure_adapters(rank, ["policy"])
+    if started is None:
+        entry = registry.get("rollout_backend", raas)
+        engine = entry.create(raas_config if raas_config is not None
+                              else OmegaConf.structured(entry.config_cls), model_dir)
+        if adapter is not None:
+            engine.configure_adapters(rank, ["policy"])
+        loop = LoopThread()
+        loop.run(engine.start())
+    else:
+        engine, loop = started
     # (what is sampled, its adapter): the base first, as a node serves a policy before
     # its first adapter arrives, and again beside the adapter (another policy's, whose
     # own has not arrived yet)
@@ -296,8 +304,6 @@ def logprob_gaps(raas: str, trainer: str, model_dir: str,
     if adapter is not None and with_base:
         served.append(("base beside the adapter", None))
     items: dict[str, list[Any]] = {what: [] for what, _ in served}
-    loop = LoopThread()
-    loop.run(engine.start())
     try:
         for what, name in served:
             if name is not None:
@@ -312,8 +318,9 @@ def logprob_gaps(raas: str, trainer: str, model_dir: str,
                     builder.add_generation("policy", gen)
                     items[what].append(TrainItem(builder.build("policy", 0.0), 0.0))
     finally:
-        loop.run(engine.shutdown())
-        loop.close()
+        if started is None:
+            loop.run(engine.shutdown())
+            loop.close()
     return {what: trainer_gap(trainer, model_dir, items[what],
                               adapter=adapter if name else None, rank=rank if name else 0)
             for what, name in served}
