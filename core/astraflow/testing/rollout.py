@@ -298,7 +298,8 @@ def logprob_gaps(raas: str, trainer: str, model_dir: str,
     # (what is sampled, its adapter): the base first, as a node serves a policy before
     # its first adapter arrives, and again beside the adapter (another policy's, whose
     # own has not arrived yet)
-    served = [("adapter", "policy")] if adapter is not None else []
+    served: list[tuple[str, str | None]] = (
+        [("adapter", "policy")] if adapter is not None else [])
     if adapter is None or with_base:
         served.insert(0, ("base", None))
     if adapter is not None and with_base:
