@@ -38,6 +38,8 @@ class TaskQueue:
         self.epoch = 0
         self.index = 0
         self._source_iter: Iterator[Task] | None = None
+        #: tasks leased now (kept as they change: admission asks at every lease)
+        self._leased = 0
 
     def load(self, conn: sqlite3.Connection) -> None:
         """Rebuild the queue from the store (after a restart, a crash too)."""
@@ -50,6 +52,7 @@ class TaskQueue:
         ):
             rec = TaskRec(row[0], json.loads(row[1]), *row[2:])
             self._tasks[rec.task_id] = rec
+            self._leased += rec.state == "leased"
             if rec.state == "pending":
                 self._ready.append(rec.task_id)
             elif rec.deadline is not None:
@@ -64,7 +67,7 @@ class TaskQueue:
     # ---- what is in it ---------------------------------------------------------------
 
     def in_flight(self) -> int:
-        return sum(1 for r in self._tasks.values() if r.state == "leased")
+        return self._leased
 
     def pending(self) -> int:
         return sum(1 for r in self._tasks.values() if r.state == "pending")
@@ -105,6 +108,7 @@ class TaskQueue:
             if (rec and rec.state == "leased" and rec.attempt == attempt
                     and rec.deadline is not None and rec.deadline <= now):
                 rec.state = "pending"
+                self._leased -= 1
                 expired.append(task_id)
         self._ready.extendleft(reversed(expired))
         return len(expired)
@@ -159,6 +163,7 @@ class TaskQueue:
 
     def lease_out(self, recs: list[TaskRec], node_id: str, deadline: float) -> None:
         for rec in recs:
+            self._leased += rec.state != "leased"
             rec.state, rec.node_id, rec.deadline = "leased", node_id, deadline
             rec.attempt += 1
             heapq.heappush(self._expiry, (deadline, rec.task_id, rec.attempt))
@@ -191,13 +196,15 @@ class TaskQueue:
         """Mark ``rec`` done while its submission commits (a concurrent duplicate then
         sees it as done); the state it had, for :meth:`unreserve`."""
         previous, rec.state = rec.state, "done"
+        self._leased -= previous == "leased"
         return previous
 
     def unreserve(self, rec: TaskRec, previous: str) -> None:
         rec.state = previous
+        self._leased += previous == "leased"
 
     def complete(self, task_id: str, when: float) -> None:
-        del self._tasks[task_id]
+        self._leased -= self._tasks.pop(task_id).state == "leased"
         self._done.add(task_id, when)
 
     def forget_done(self, before: float) -> int:
@@ -229,6 +236,7 @@ class TaskQueue:
 
     def drop(self, recs: list[TaskRec]) -> None:
         for rec in recs:
+            self._leased -= rec.state == "leased"
             del self._tasks[rec.task_id]
 
     def enqueue(self, recs: list[TaskRec]) -> None:
