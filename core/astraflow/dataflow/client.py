@@ -95,6 +95,14 @@ class _Api:
         #: the data layer's pacing hint from the last lease: tasks_per_second (this
         #: node's share of what the trainers consume) and turnaround_seconds
         self.pace: dict[str, Any] = {}
+        #: the heartbeat interval the data layer advised (it grows with the pool)
+        self.heartbeat_interval: float | None = None
+        #: when a lease or a submission last reached the data layer (monotonic): the
+        #: data layer counts each as a heartbeat
+        self.heard_at = float("-inf")
+        #: seconds the data layer asked this node to wait before asking for leases
+        #: again, when it refused the last ones as overloaded (None: ask when free)
+        self.overloaded_retry: float | None = None
         self._registration: dict[str, Any] | None = None
 
     def _do(self, call: _Call) -> Any:
@@ -173,6 +181,7 @@ class _Api:
 
         def remember(data: dict[str, Any]) -> str:
             self.node_id = data["node_id"]
+            self.heartbeat_interval = data.get("heartbeat_interval", self.heartbeat_interval)
             return self.node_id
 
         return self._do(_Call("POST", "/v1/nodes", body, parse=remember))
@@ -183,7 +192,14 @@ class _Api:
         recover = None
         if self._registration is not None and self._registration["node_id"] == node:
             recover = _Call("POST", "/v1/nodes", self._registration)
-        return self._do(_Call("POST", f"/v1/nodes/{node}/heartbeat", recover=recover))
+
+        def advice(data: dict[str, Any]) -> Any:
+            self.heard_at = time.monotonic()
+            self.heartbeat_interval = data.get("heartbeat_interval", self.heartbeat_interval)
+            return data
+
+        return self._do(_Call("POST", f"/v1/nodes/{node}/heartbeat", recover=recover,
+                              parse=advice))
 
     def leave(self, node_id: str | None = None) -> Any:
         """Leave cleanly; leases still held are re-issued to other nodes."""
@@ -202,6 +218,8 @@ class _Api:
                 "versions": versions or {}}
 
         def leases(data: dict[str, Any]) -> list[Lease]:
+            self.heard_at = time.monotonic()
+            self.overloaded_retry = data.get("retry_after") if data.get("overloaded") else None
             self.backpressure = data.get("backpressure", {})
             self.pace = data.get("pace", self.pace)
             return [Lease.from_wire(x) for x in data["leases"]]
@@ -254,7 +272,9 @@ class _Api:
                               {"submissions": list(submissions)}, parse=parse))
 
     def _submitted(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.heard_at = time.monotonic()
         if "leases" in data:
+            self.overloaded_retry = data.get("retry_after") if data.get("overloaded") else None
             self.backpressure = data.get("backpressure", {})
             self.pace = data.get("pace", self.pace)
             data["leases"] = [Lease.from_wire(x) for x in data["leases"]]

@@ -116,6 +116,8 @@ class Intake:
         rec, now = sub.task, time.time()
         sub.node_id = sub.req.node_id or rec.node_id
         node = self._p.nodes.get(sub.node_id)
+        if node is not None and node.state == "active":
+            node.last_seen = time.monotonic()  # heard from: as good as a heartbeat
         labels = node.labels if node else {}
         sub.pool = labels.get("pool", UNKNOWN_POOL)
         sub.stamp = {

@@ -84,6 +84,10 @@ class Leasing:
         p = self._p
         node = p.nodes.active(req.node_id)
         node.last_seen = time.monotonic()
+        if not p.overload.admit():  # at once: the nodes granted leases are served
+            return {"leases": [], "pace": self.pace(node.node_id), "overloaded": True,
+                    "backpressure": {"*": "the data layer is overloaded: come back later"},
+                    "retry_after": p.overload.retry_after()}
         if req.versions:
             p.timeline.lease(node.node_id, req.versions)
         give_up = time.monotonic() + req.wait
@@ -154,7 +158,7 @@ class Leasing:
             if rate is not None and per_task > 0 and not p.nodes.orphaned(policy):
                 need = rate * p.settings.batch_size / per_task
                 demand = need if demand is None else max(demand, need)
-        nodes = len(p.nodes.rollout_nodes())
+        nodes = p.nodes.rollout_count()
         return {"tasks_per_second": None if demand is None else demand / max(nodes, 1),
                 "turnaround_seconds": p.pacing.turnaround(node_id)}
 

@@ -21,6 +21,12 @@ from astraflow.dataflow.store import Store
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.dataflow.wire import RegisterIn
 
+#: heartbeats a second the data layer asks of its nodes at most: a pool so large that a
+#: beat every third of the timeout would be more is told to beat less often (and its
+#: timeout grows with it), as Nomad paces its clients' heartbeats by cluster size; a
+#: lease or a submission counts as a beat, so a busy node need send none
+HEARTBEATS_PER_SECOND = 100.0
+
 
 class Nodes:
     def __init__(self, store: Store, counters: Counter[str], tasks: TaskQueue,
@@ -28,6 +34,21 @@ class Nodes:
         self._store, self._counters, self._tasks, self._signals = (
             store, counters, tasks, signals)
         self._nodes: dict[str, NodeRec] = {}
+        #: what is derived from every node (counted again only after a node joins,
+        #: leaves or is forgotten: leases ask for it, and there may be 10,000 nodes)
+        self._changes, self._seen_at = 0, -1
+        self._rollout: list[NodeRec] = []
+        self._active = 0
+        self._orphaned: dict[str, bool] = {}
+
+    def _derived(self) -> None:
+        if self._seen_at == self._changes:
+            return
+        self._seen_at = self._changes
+        active = [n for n in self._nodes.values() if n.state == "active"]
+        self._active = len(active)
+        self._rollout = [n for n in active if n.kind == "raas"]
+        self._orphaned = {}
 
     def load(self, conn: sqlite3.Connection) -> None:
         now = time.monotonic()
@@ -37,6 +58,7 @@ class Nodes:
             # heartbeats are not persisted: a restart gives every live node a fresh grace period
             self._nodes[node_id] = NodeRec(
                 node_id, kind, json.loads(labels), state, registered_at, now)
+        self._changes += 1
 
     def __iter__(self) -> Iterator[NodeRec]:
         return iter(list(self._nodes.values()))
@@ -52,9 +74,22 @@ class Nodes:
             raise ServiceError(404, f"node {node_id!r} is not registered ({state}): register again")
         return node
 
+    def heartbeat_interval(self, timeout: float) -> float:
+        """The interval nodes are asked to beat at: a third of ``timeout``, longer when
+        the active nodes would beat more than HEARTBEATS_PER_SECOND. A node is retired
+        after three intervals of silence."""
+        self._derived()
+        return max(timeout / 3, self._active / HEARTBEATS_PER_SECOND)
+
     def rollout_nodes(self) -> list[NodeRec]:
         """The active rollout nodes."""
-        return [n for n in self._nodes.values() if n.kind == "raas" and n.state == "active"]
+        self._derived()
+        return list(self._rollout)
+
+    def rollout_count(self) -> int:
+        """How many rollout nodes are active."""
+        self._derived()
+        return len(self._rollout)
 
     def pool_sizes(self) -> dict[str, int]:
         return dict(Counter(n.labels.get("pool", "default") for n in self.rollout_nodes()))
@@ -62,9 +97,13 @@ class Nodes:
     def orphaned(self, policy: str) -> bool:
         """Every trainer that ever served ``policy`` is gone (it left or went silent);
         a policy whose trainer has not registered yet is not orphaned."""
-        trainers = [n for n in self._nodes.values()
-                    if n.kind == "trainer" and policy in n.labels.get("policies", [])]
-        return bool(trainers) and all(n.state != "active" for n in trainers)
+        self._derived()
+        if policy not in self._orphaned:
+            trainers = [n for n in self._nodes.values()
+                        if n.kind == "trainer" and policy in n.labels.get("policies", [])]
+            self._orphaned[policy] = bool(trainers) and all(n.state != "active"
+                                                            for n in trainers)
+        return self._orphaned[policy]
 
     async def register(self, req: RegisterIn) -> NodeRec:
         node_id = req.node_id or f"{req.kind}-{uuid.uuid4().hex[:12]}"
@@ -82,6 +121,7 @@ class Nodes:
             )
         )
         self._nodes[node_id] = rec
+        self._changes += 1
         return rec
 
     def heartbeat(self, node_id: str) -> None:
@@ -90,6 +130,7 @@ class Nodes:
     async def retire(self, node: NodeRec, state: str) -> None:
         """Take a node out (``left`` or ``retired``); its leases are re-issuable at once."""
         node.state = state
+        self._changes += 1
         self._tasks.release_node(node.node_id, time.time())
         deltas = Counter({"nodes_retired": int(state == "retired")})
 
@@ -108,6 +149,7 @@ class Nodes:
                 if n.kind == "raas" and n.state != "active" and n.last_seen < before]
         for node_id in gone:
             del self._nodes[node_id]
+        self._changes += bool(gone)
         return gone
 
     def excuse(self, seconds: float) -> None:

@@ -12,6 +12,7 @@ from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
 from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.ledger import Ledger
 from astraflow.dataflow.nodes import Nodes
+from astraflow.dataflow.overload import Overload
 from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.signals import Signals
@@ -36,3 +37,4 @@ class Parts:
     pacing: Pacing
     timeline: Timeline
     autoscale: AutoscaleWindow
+    overload: Overload

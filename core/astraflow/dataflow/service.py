@@ -32,6 +32,7 @@ from astraflow.dataflow.intake import Intake
 from astraflow.dataflow.leasing import Leasing
 from astraflow.dataflow.ledger import Ledger
 from astraflow.dataflow.nodes import Nodes
+from astraflow.dataflow.overload import Overload
 from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.payloads import PayloadCorrupt
@@ -77,9 +78,12 @@ class DataflowService:
         self.pacing = Pacing()
         #: the dashboard's series (steps, staleness, evaluations, refreshes)
         self.timeline = Timeline()
+        #: sheds leases while the event loop cannot keep up (thousands of nodes)
+        self.overload = Overload(s.overload_lag, min(1.0, s.lease_seconds / 4),
+                                 self.tasks.in_flight)
         parts = Parts(s, self.store, self.counters, self.tasks, self.ledger, self.nodes,
                       self.versions, self.algorithms, self.advantages, self.signals,
-                      self.pacing, self.timeline, self.autoscale)
+                      self.pacing, self.timeline, self.autoscale, self.overload)
         self.batches = BatchServer(parts)
         self.leasing = Leasing(parts, self.batches)
         self.intake = Intake(parts)
@@ -87,6 +91,7 @@ class DataflowService:
         self._load()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[Any] | None = None
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -118,11 +123,13 @@ class DataflowService:
         self.signals.start()
         self.store.start()
         self._reaper = asyncio.create_task(self._reap_forever())
+        self._watcher = asyncio.create_task(self.overload.watch())
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            self._reaper = None
+        for task in (self._reaper, self._watcher):
+            if task is not None:
+                task.cancel()
+        self._reaper = self._watcher = None
         self.store.flush()  # inline commits still queued on this loop
         await asyncio.to_thread(self.store.close)
 
@@ -146,7 +153,8 @@ class DataflowService:
                     await self._excuse(stalled)
                 if self.tasks.expire(time.time()):
                     self.signals.pulse_changed()
-                for node in self.nodes.silent(time.monotonic() - s.heartbeat_timeout):
+                timeout = 3 * self.nodes.heartbeat_interval(s.heartbeat_timeout)
+                for node in self.nodes.silent(time.monotonic() - timeout):
                     log.info("node %s missed its heartbeats: retired", node.node_id)
                     await self.nodes.retire(node, "retired")
                 if time.monotonic() - retained >= retain_every:
@@ -205,8 +213,9 @@ class DataflowService:
         s = self.settings
         return {
             "node_id": node.node_id,
-            "heartbeat_interval": s.heartbeat_timeout / 3,
-            "heartbeat_timeout": s.heartbeat_timeout,
+            "heartbeat_interval": (interval := self.nodes.heartbeat_interval(
+                s.heartbeat_timeout)),
+            "heartbeat_timeout": 3 * interval,
             "lease_seconds": s.lease_seconds,
             "group_size": s.group_size,
             "policies": {p: {"version": v, "max_staleness": self.versions.max_staleness(p)}
@@ -215,7 +224,9 @@ class DataflowService:
 
     def heartbeat(self, node_id: str) -> dict[str, Any]:
         self.nodes.heartbeat(node_id)
-        return {"node_id": node_id, "versions": self.versions.all()}
+        return {"node_id": node_id, "versions": self.versions.all(),
+                "heartbeat_interval": self.nodes.heartbeat_interval(
+                    self.settings.heartbeat_timeout)}
 
     async def leave(self, node_id: str) -> dict[str, Any]:
         await self.nodes.retire(self.nodes.active(node_id), "left")

@@ -67,6 +67,9 @@ class DataflowSettings:
     data: dict[str, Any] = field(default_factory=dict)
     max_body_bytes: int = setting(64 * 1024 * 1024, ge=1)
     autoscale_window: float = setting(60.0, gt=0)
+    #: seconds the event loop may run late, its CPU busy, before new leases are refused
+    #: with a growing ``retry_after`` (load shedding, :mod:`.overload`; 0: never)
+    overload_lag: float = setting(0.05, ge=0)
     #: SQLite ``synchronous``: NORMAL survives a killed process; FULL also a power cut
     synchronous: str = setting("NORMAL", choices=("NORMAL", "FULL"))
     #: mount ``POST /v1/echo`` (answers any body with its size: the ceiling

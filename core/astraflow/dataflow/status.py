@@ -6,6 +6,7 @@ state (the view owns none).
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -79,6 +80,13 @@ class StatusView:
             # stalled): node heartbeats and lease deadlines were extended by as much
             "stalls": c["stalls"],
             "order": p.settings.order,
+            # load shedding: new leases refused while the event loop cannot keep up
+            "overload": {"shedding": p.overload.shedding,
+                         "lag_ms": round(p.overload.lag * 1e3, 1),
+                         "retry_after": round(p.overload.retry, 2),
+                         "lease_cap": None if math.isinf(p.overload.cap)
+                         else int(p.overload.cap),
+                         "leases_shed": p.overload.shed},
             "nodes": self._nodes(),
             "pools": self._pools(),
             "policies": self._policies(),

@@ -72,6 +72,8 @@ class NodeOptions:
     #: longest a long-poll for newer weights is held open; each one that ends without
     #: news is followed by one plan request per policy (the store is the truth)
     refresh_wait: float = 10.0
+    #: seconds between heartbeats until the data layer advises an interval (it does
+    #: when the node registers, and grows it with the pool)
     heartbeat_interval: float = 2.0
     #: the synchronous baseline: run this many tasks per iteration, then wait for every
     #: policy's next version before leasing again (0: fully asynchronous)
@@ -326,9 +328,16 @@ class RaaSNode:
         return out.get("leases", [])
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
+        """Beat at the interval the data layer advises, skipping a beat when a lease or
+        a submission reached it within the interval (it counts as one): ten thousand
+        busy nodes send none."""
         while not stop.is_set():
-            await self.client.heartbeat(self.node_id)
-            await _wait(stop, self.options.heartbeat_interval)
+            interval = self.client.heartbeat_interval or self.options.heartbeat_interval
+            quiet = time.monotonic() - self.client.heard_at
+            if quiet >= interval:
+                await self.client.heartbeat(self.node_id)
+                quiet = 0.0
+            await _wait(stop, interval - quiet)
 
     async def _refreshes(self, stop: asyncio.Event) -> None:
         """Refresh whenever the data layer announces a newer version (a long-poll), and
@@ -388,9 +397,12 @@ class RaaSNode:
             # in flight asks again as soon as it refreshes, not after a guessed pause
             wakers: set[asyncio.Task[Any]] = {asyncio.ensure_future(self._loaded.wait()),
                                               asyncio.ensure_future(stop.wait())}
+            # a data layer shedding load says when to ask again: thousands of idle nodes
+            # polling every IDLE_POLL would be the overload
+            idle = max(IDLE_POLL, self.client.overloaded_retry or 0.0)
             try:
                 done, running = await asyncio.wait(
-                    running | wakers, timeout=BUSY_POLL if running else IDLE_POLL,
+                    running | wakers, timeout=BUSY_POLL if running else idle,
                     return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waker in wakers:
