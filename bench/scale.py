@@ -9,11 +9,18 @@ is hundreds of independent clients. A trainer stand-in in this process pulls and
 acknowledges batches so buffers drain (it trains nothing), and no new weight version is
 published, so staleness never drops work.
 
+With ``--light`` a simulated node is its wire calls alone (``_lightnode.py``: register,
+lease, submit leasing the next, heartbeats as the data layer advises) over a connection
+of its own: a whole node runtime costs its process so much CPU that a thousand of them
+saturate two cores before the data layer does, and this is how thousands are measured.
+
 On a machine with few cores the worker processes compete with the data layer for CPU:
-the numbers are a floor for the data layer, and the ratios against the 10-node
-baseline of the same run say how it degrades with the number of clients.
+the numbers are a floor for the data layer, and the ratios against the first size of
+the same run say how it degrades with the number of clients.
 
     python bench/scale.py --sizes 10 100 500 --seconds 15 --out bench/results/scale.json
+    python bench/scale.py --light --sizes 500 1000 5000 10000 --workers 4 \
+        --out bench/results/scale-light.json
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from _machine import cpu_model
 
 TOKEN = "bench-scale-token"
 GROUP_SIZE = 4
@@ -94,6 +102,14 @@ def consume(url: str, stop: threading.Event) -> None:
                 client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
 
 
+def resident_mb(pid: int) -> float:
+    """A process's resident memory (from /proc), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -137,13 +153,21 @@ async def run_nodes(url: str, config: str, work_dir: str, first: int, count: int
 
 
 def worker(args: argparse.Namespace) -> None:
-    result = asyncio.run(run_nodes(args.url, args.config, args.work_dir, args.first,
-                                   args.count, args.concurrency, Path(args.stop_file)))
+    if args.light:
+        from _lightnode import run_light_nodes
+
+        result = asyncio.run(run_light_nodes(args.url, TOKEN, args.first, args.count,
+                                             args.concurrency, args.generation_seconds,
+                                             GROUP_SIZE, Path(args.stop_file)))
+    else:
+        result = asyncio.run(run_nodes(args.url, args.config, args.work_dir, args.first,
+                                       args.count, args.concurrency, Path(args.stop_file)))
     Path(args.result).write_text(json.dumps(result))
 
 
 def measure(size: int, workers: int, seconds: float, concurrency: int,
-            generation_seconds: float, root: Path) -> dict[str, Any]:
+            generation_seconds: float, root: Path, light: bool = False,
+            settle: float = 10.0) -> dict[str, Any]:
     run_dir = root / f"n{size}"
     config = make_config(run_dir, generation_seconds)
     dataflow, url = start_dataflow(run_dir, config)
@@ -162,21 +186,26 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
                 [sys.executable, __file__, "--worker", "--url", url, "--config", str(config),
                  "--work-dir", str(run_dir / "nodes"), "--first", str(first), "--count",
                  str(count), "--concurrency", str(concurrency), "--stop-file", str(stop_file),
-                 "--result", str(run_dir / f"worker{i}.json")],
+                 "--result", str(run_dir / f"worker{i}.json"),
+                 "--generation-seconds", str(generation_seconds),
+                 *(["--light"] if light else [])],
                 env=dict(os.environ, OMP_NUM_THREADS="1")), run_dir / f"worker{i}.json"))
             first += count
         t_joined = time.time()
         deadline = t_joined + 300
-        while sum(1 for n in status(url)["nodes"] if n["kind"] == "raas"
-                  and n["state"] == "active") < size:
-            if time.time() > deadline:
-                raise RuntimeError(f"only some of {size} nodes registered")
-            time.sleep(0.5)
+        while (joined := status(url)["pools"].get("sim", {}).get("nodes", 0)) < size:
+            if time.time() > deadline or any(p.poll() is not None for p, _ in procs):
+                raise RuntimeError(f"only {joined} of {size} nodes registered")
+            time.sleep(1.0)
         join_seconds = time.time() - t_joined
-        time.sleep(2.0)  # every node past its first lease
+        # past the joining nodes' first leases (queued all at once) to the steady state
+        time.sleep(settle)
         t0, before, cpu0 = time.time(), status(url), cpu_seconds(dataflow.pid)
+        nodes_cpu0 = sum(cpu_seconds(p.pid) for p, _ in procs)
         time.sleep(seconds)
         t1, after, cpu1 = time.time(), status(url), cpu_seconds(dataflow.pid)
+        nodes_cpu = sum(cpu_seconds(p.pid) for p, _ in procs) - nodes_cpu0
+        rss_mb = resident_mb(dataflow.pid)
         stop_file.touch()
         results = []
         for proc, path in procs:
@@ -191,17 +220,28 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
         dataflow.wait(timeout=30)
         if consumer is not None:
             consumer.join(timeout=10)
-    window = np.array([lat for r in results for t, lat in r["leases"] if t0 <= t <= t1])
+    joining = np.array([lat for r in results for t, lat in r["leases"] if t < t0] or [np.nan])
+    window = np.array([lat for r in results for t, lat in r["leases"] if t0 <= t <= t1]
+                      or [np.nan])
+    submits = np.array([lat for r in results for t, lat in r.get("submits", [])
+                        if t0 <= t <= t1] or [np.nan])
     accepted = after["trajectories"]["accepted"] - before["trajectories"]["accepted"]
     tasks = after["tasks"]["completed"] - before["tasks"]["completed"]
     ceiling = size * concurrency / generation_seconds  # tasks/s if leasing cost nothing
     return {
         "nodes": size,
         "worker_processes": workers,
+        "nodes_kind": "light" if light else "runtime",
         "join_seconds": round(join_seconds, 2),
-        "lease_calls": int(window.size),
+        # the leases of the joining nodes and the settling after (all asked at once)
+        "joining_lease_p99_ms": round(float(np.percentile(joining, 99)) * 1e3, 2),
+        "lease_calls": int(np.isfinite(window).sum()),
         "lease_p50_ms": round(float(np.percentile(window, 50)) * 1e3, 2),
         "lease_p99_ms": round(float(np.percentile(window, 99)) * 1e3, 2),
+        # a light node's submission also leases its next task (as the node runtime's does)
+        "submit_calls": int(np.isfinite(submits).sum()),
+        "submit_p50_ms": round(float(np.percentile(submits, 50)) * 1e3, 2),
+        "submit_p99_ms": round(float(np.percentile(submits, 99)) * 1e3, 2),
         "trajectories_per_second": round(accepted / (t1 - t0), 1),
         "tasks_per_second": round(tasks / (t1 - t0), 1),
         "tasks_per_second_ceiling": ceiling,
@@ -209,6 +249,11 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
         # near 1.0: the data layer's one event loop is the bottleneck; well below with
         # slow leases: the node processes (sharing the same cores) are
         "dataflow_cpu_fraction": round((cpu1 - cpu0) / (t1 - t0), 3),
+        "dataflow_rss_mb": round(rss_mb, 1),
+        "nodes_cpu_fraction": round(nodes_cpu / (t1 - t0), 3),
+        "leases_shed": after["overload"]["leases_shed"] - before["overload"]["leases_shed"],
+        "connects_per_node": round(sum(r.get("connects", 0) for r in results) / size, 2),
+        "errors": [e for r in results for e in r.get("errors", [])][:5],
     }
 
 
@@ -219,6 +264,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="node processes per size")
     parser.add_argument("--concurrency", type=int, default=2, help="tasks in flight per node")
     parser.add_argument("--generation-seconds", type=float, default=1.0)
+    parser.add_argument("--light", action="store_true",
+                        help="light nodes: the node's wire calls alone, one HTTP client a "
+                             "process (thousands of nodes on a few cores)")
+    parser.add_argument("--settle", type=float, default=10.0,
+                        help="seconds after every node joined before measuring")
     parser.add_argument("--out", default="bench/results/scale.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--url", "--config", "--work-dir", "--stop-file", "--result"):
@@ -232,7 +282,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="astraflow-scale-"))
     try:
         rows = [measure(size, args.workers, args.seconds, args.concurrency,
-                        args.generation_seconds, root) for size in args.sizes]
+                        args.generation_seconds, root, args.light, args.settle)
+                for size in args.sizes]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = rows[0]
@@ -241,17 +292,21 @@ def main() -> None:
             row["trajectories_per_second"] / max(base["trajectories_per_second"], 1e-9), 2)
         row["lease_p99_vs_baseline"] = round(row["lease_p99_ms"] / base["lease_p99_ms"], 2)
         print(f"{row['nodes']:4d} nodes: lease p50 {row['lease_p50_ms']:7.2f} ms  p99 "
-              f"{row['lease_p99_ms']:7.2f} ms  {row['trajectories_per_second']:8.1f} traj/s "
+              f"{row['lease_p99_ms']:7.2f} ms  submit p99 {row['submit_p99_ms']:7.2f} ms  "
+              f"{row['trajectories_per_second']:8.1f} traj/s "
               f"({row['throughput_vs_baseline']}x the {base['nodes']}-node baseline, "
               f"{row['fraction_of_ceiling']:.0%} of the sim ceiling; data layer CPU "
-              f"{row['dataflow_cpu_fraction']:.0%})", flush=True)
+              f"{row['dataflow_cpu_fraction']:.0%}, {row['dataflow_rss_mb']:.0f} MB; "
+              f"{cpu_model()})", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
         "settings": {"seconds": args.seconds, "concurrency_per_node": args.concurrency,
                      "generation_seconds": args.generation_seconds, "group_size": GROUP_SIZE,
-                     "worker_processes": args.workers},
+                     "settle_seconds": args.settle,
+                     "worker_processes": args.workers, "light_nodes": args.light},
         "sizes": rows,
     }, indent=2))
     print(f"wrote {out}")
