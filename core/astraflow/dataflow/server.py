@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +80,20 @@ def serve(settings: DataflowSettings, host: str, port: int, token: str,
             print(f"astraflow dataflow listening on {address}", flush=True)
         await task
 
-    asyncio.run(main())
+    _run_loop(main())
     if not server.started:
         sys.exit(1)
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop where it is installed (uvicorn's ``standard`` extra brings
+    it on Linux and macOS; each request's loop work costs less), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 class BackgroundServer:
