@@ -8,7 +8,8 @@ evaluator per policy. In the *chaos* run a seeded driver, every ``--interval`` (
 injects one fault, the kinds in a shuffled round so that each comes up:
 
 * ``kill``: SIGKILL of the data layer, a node, a trainer, one rank of the verifier's
-  trainer or an evaluator;
+  trainer or an evaluator (with ``--agent``: ``workflow=agent``, one policy, and a node's
+  agent worker process among the targets);
 * ``stop``: SIGSTOP of one of those for 5-30 s, then SIGCONT (a hang, not a death);
 * ``partition``: the far node's link drops every packet for 10-60 s (silently, as a
   network does: its requests time out).
@@ -60,8 +61,31 @@ RESULTS = Path(__file__).parent / "results" / "chaos.json"
 TOKEN = "bench-chaos-token"
 POLICIES = ("solver", "verifier")
 KINDS = ("kill", "stop", "partition")
-COMPONENTS = ("dataflow", "raas-0", "raas-1", "far-0", *(f"trainer-{p}" for p in POLICIES),
-              *(f"eval-{p}" for p in POLICIES))
+NODES = ("raas-0", "raas-1", "far-0")
+COMPONENTS: tuple[str, ...] = ("dataflow", *NODES, *(f"trainer-{p}" for p in POLICIES),
+                               *(f"eval-{p}" for p in POLICIES))
+#: ``--agent``: the agent of examples/agent in two worker processes a node
+AGENT = Path(__file__).resolve().parents[1] / "examples" / "agent" / "answer_agent.py"
+
+
+def agent_shape() -> list[str]:
+    """The ``workflow=agent`` variant: one policy, the agent workers of each node among
+    the components (``agents@raas-0``: its worker processes, one of them hit)."""
+    global POLICIES, COMPONENTS
+    POLICIES = ("policy",)
+    COMPONENTS = ("dataflow", *NODES, "trainer-policy", "eval-policy",
+                  *(f"agents@{n}" for n in NODES))
+    return ["workflow=agent", f"agent.path={AGENT}", "agent.workers=2"]
+
+
+def agent_workers(pid: int) -> list[int]:
+    """A node's agent worker processes."""
+    out = []
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            if b"astraflow.workflows.agent_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    return sorted(out)
 
 
 class Run:
@@ -126,6 +150,10 @@ class Run:
         if (torchrun := out.get("trainer-verifier")) is not None:
             for rank, pid in enumerate(sorted(children(torchrun))):
                 out[f"trainer-verifier/rank{rank}"] = pid
+        if "agents@raas-0" in COMPONENTS:
+            for node in NODES:
+                for k, pid in enumerate(agent_workers(out[node]) if node in out else []):
+                    out[f"agents@{node}/{k}"] = pid
         return out
 
     def trained_after(self, when: float) -> float | None:
@@ -371,6 +399,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.0,
                         help="median seconds of a log-normal environment call per turn "
                              "(0: none): a paced run, light on the CPU")
+    parser.add_argument("--agent", action="store_true",
+                        help="workflow=agent (one policy; agent workers among the targets) "
+                             "instead of solve_verify")
     parser.add_argument("--no-calm", action="store_true",
                         help="no side-by-side run without faults (no accuracy check)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -378,10 +409,11 @@ def main() -> None:
     args = parser.parse_args()
     # stopped from outside, it still stops its runs and removes its network namespace
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    overrides = ["workflow=solve_verify", f"seed={args.seed}", f"steps={args.steps}",
+    shape = agent_shape() if args.agent else ["workflow=solve_verify",
+                                              "policies.verifier.world_size=2"]
+    overrides = [*shape, f"seed={args.seed}", f"steps={args.steps}",
                  f"batch_size={args.batch_size}", "num_nodes=2",
-                 f"node_concurrency={args.concurrency}",
-                 "policies.verifier.world_size=2", f"eval_every={args.steps}",
+                 f"node_concurrency={args.concurrency}", f"eval_every={args.steps}",
                  # the driver kills a component more often than a crash loop would: the
                  # restart budget is not what is measured
                  "launcher.max_restarts=100",

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 #: how often the event loop's lag is sampled
-TICK = 0.02
+TICK = 0.05
 #: how often the cap and the advice are decided
 DECIDE = 0.25
 #: seconds after a cut before the next (the leases it refuses end over a rollout's time)
