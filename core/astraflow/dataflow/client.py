@@ -219,9 +219,7 @@ class _Api:
 
         def leases(data: dict[str, Any]) -> list[Lease]:
             self.heard_at = time.monotonic()
-            self.overloaded_retry = data.get("retry_after") if data.get("overloaded") else None
-            self.backpressure = data.get("backpressure", {})
-            self.pace = data.get("pace", self.pace)
+            self._lease_reply(data)
             return [Lease.from_wire(x) for x in data["leases"]]
 
         return self._do(_Call("POST", "/v1/leases", body, timeout=wait + self.timeout,
@@ -271,12 +269,17 @@ class _Api:
         return self._do(_Call("POST", "/v1/trajectories/many",
                               {"submissions": list(submissions)}, parse=parse))
 
+    def _lease_reply(self, data: dict[str, Any]) -> None:
+        """What a reply that leases (a lease, a submission asking for more) says besides
+        the leases: backpressure, pace, and when to ask again if it was overloaded."""
+        self.overloaded_retry = data.get("retry_after") if data.get("overloaded") else None
+        self.backpressure = data.get("backpressure", {})
+        self.pace = data.get("pace", self.pace)
+
     def _submitted(self, data: dict[str, Any]) -> dict[str, Any]:
         self.heard_at = time.monotonic()
         if "leases" in data:
-            self.overloaded_retry = data.get("retry_after") if data.get("overloaded") else None
-            self.backpressure = data.get("backpressure", {})
-            self.pace = data.get("pace", self.pace)
+            self._lease_reply(data)
             data["leases"] = [Lease.from_wire(x) for x in data["leases"]]
         return data
 
