@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,25 +32,45 @@ def dead_band_target(size: int, wait_fraction: float, consumed: float, produced:
     return size
 
 
+#: production is counted in buckets of this many seconds (one entry per pool and
+#: bucket, not one per submission: a busy data layer accepts thousands a second)
+BUCKET_SECONDS = 1.0
+
+
 @dataclass
 class AutoscaleWindow:
-    """Trailing-window accounting of trainer steps, consumption and per-pool production."""
+    """Trailing-window accounting of trainer steps, consumption and per-pool production.
+
+    Entries older than the window are let go as new ones arrive, whether or not anyone
+    asks for the report: the window's memory is bounded by its length, not by the run's.
+    """
 
     seconds: float
     steps: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, wait, step)
     consumed: deque[tuple[float, int]] = field(default_factory=deque)  # (t, n)
-    produced: deque[tuple[float, str, int]] = field(default_factory=deque)  # (t, pool, n)
+    produced: deque[list[Any]] = field(default_factory=deque)  # [bucket start, pool, n]
+    clock: Callable[[], float] = time.time
 
     def step(self, wait: float, step: float, consumed: int) -> None:
-        now = time.time()
+        now = self.clock()
         self.steps.append((now, wait, step))
         self.consumed.append((now, consumed))
+        self._trim(now)
 
     def produce(self, pool: str, n: int) -> None:
-        self.produced.append((time.time(), pool, n))
+        now = self.clock()
+        bucket = now - now % BUCKET_SECONDS
+        for entry in reversed(self.produced):  # this bucket's entries are the newest
+            if entry[0] != bucket:
+                break
+            if entry[1] == pool:
+                entry[2] += n
+                return
+        self.produced.append([bucket, pool, n])
+        self._trim(now)
 
-    def _trim(self) -> None:
-        horizon = time.time() - self.seconds
+    def _trim(self, now: float | None = None) -> None:
+        horizon = (self.clock() if now is None else now) - self.seconds
         for events in (self.steps, self.consumed, self.produced):
             while events and events[0][0] < horizon:
                 events.popleft()

@@ -47,3 +47,22 @@ def test_report_grows_a_pool_whose_trainer_waits(start_server, connect):
     assert (report["produced"], report["consumed"]) == (16, 10)
     assert "< 0.05" in report["pools"]["cpu"]["reason"]
     assert report["pools"]["cpu"]["target"] == math.ceil(2 * 10 / 16 * 1.1)
+
+
+def test_the_window_forgets_what_is_older_than_it_without_being_asked():
+    # an hour of submissions at 200/s from two pools and a step a second, nobody
+    # reading the report: the window holds a minute of them, not the run
+    from astraflow.dataflow.autoscale import AutoscaleWindow
+
+    now = [0.0]
+    window = AutoscaleWindow(60.0, clock=lambda: now[0])
+    for tick in range(3600 * 200):
+        now[0] = tick / 200
+        window.produce("a" if tick % 2 else "b", 4)
+        if tick % 200 == 0:
+            window.step(0.5, 1.0, 64)
+    assert len(window.produced) <= 2 * 61 and len(window.steps) <= 61
+    report = window.report({"a": 10, "b": 10})
+    # the last minute's production, whichever way it was counted
+    produced = sum(p["produced"] for p in report["pools"].values())
+    assert 0.98 * 60 * 200 * 4 <= produced <= 200 * 4 * 61
