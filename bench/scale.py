@@ -65,12 +65,16 @@ def make_config(run_dir: Path, generation_seconds: float) -> Path:
     return run_dir / "config.yaml"
 
 
-def start_dataflow(run_dir: Path, config: Path) -> tuple[subprocess.Popen, str]:
+def start_dataflow(run_dir: Path, config: Path, framework: bool = False
+                   ) -> tuple[subprocess.Popen, str]:
+    """The data layer; ``framework``: leases, submissions and heartbeats through the web
+    framework's routes instead of its fast path (the baseline of ``--routes both``)."""
     store = run_dir / "store"
     store.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "astraflow", "dataflow", "--store", str(store), "--config",
-         str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         str(config), *(["--framework-routes"] if framework else [])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=dict(os.environ, ASTRAFLOW_TOKEN=TOKEN))
     deadline = time.time() + 60
     while not (store / "url").exists():
@@ -167,10 +171,10 @@ def worker(args: argparse.Namespace) -> None:
 
 def measure(size: int, workers: int, seconds: float, concurrency: int,
             generation_seconds: float, root: Path, light: bool = False,
-            settle: float = 10.0) -> dict[str, Any]:
-    run_dir = root / f"n{size}"
+            settle: float = 10.0, framework: bool = False) -> dict[str, Any]:
+    run_dir = root / f"n{size}{'-framework' if framework else ''}"
     config = make_config(run_dir, generation_seconds)
-    dataflow, url = start_dataflow(run_dir, config)
+    dataflow, url = start_dataflow(run_dir, config, framework)
     stop_consumer = threading.Event()
     consumer = None
     procs = []
@@ -232,6 +236,7 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
         "nodes": size,
         "worker_processes": workers,
         "nodes_kind": "light" if light else "runtime",
+        "routes": "framework" if framework else "fast path",
         "join_seconds": round(join_seconds, 2),
         # the leases of the joining nodes and the settling after (all asked at once)
         "joining_lease_p99_ms": round(float(np.percentile(joining, 99)) * 1e3, 2),
@@ -257,6 +262,22 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
     }
 
 
+def _compare_routes(rows: list[dict[str, Any]]) -> None:
+    """With both routes measured, each fast-path row's figures over the framework's at
+    the same size (lease p99 below 1 and throughput above 1: the fast path gains)."""
+    framework = {r["nodes"]: r for r in rows if r["routes"] == "framework"}
+    for row in rows:
+        base = framework.get(row["nodes"])
+        if row["routes"] == "framework" or base is None:
+            continue
+        row["vs_framework"] = {
+            k: round(row[k] / base[k], 2) if base[k] else None
+            for k in ("lease_p99_ms", "submit_p99_ms", "trajectories_per_second",
+                      "dataflow_cpu_fraction")}
+        print(f"{row['nodes']:5d} nodes, fast path over framework: "
+              + ", ".join(f"{k} {v}x" for k, v in row["vs_framework"].items()), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500])
@@ -269,6 +290,10 @@ def main() -> None:
                              "process (thousands of nodes on a few cores)")
     parser.add_argument("--settle", type=float, default=10.0,
                         help="seconds after every node joined before measuring")
+    parser.add_argument("--routes", choices=("fast", "framework", "both"), default="fast",
+                        help="leases, submissions and heartbeats on the data layer's fast "
+                             "path, through the web framework, or both (each size measured "
+                             "through the framework first: the fast path's baseline)")
     parser.add_argument("--out", default="bench/results/scale.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--url", "--config", "--work-dir", "--stop-file", "--result"):
@@ -280,18 +305,21 @@ def main() -> None:
         worker(args)
         return
     root = Path(tempfile.mkdtemp(prefix="astraflow-scale-"))
+    variants = {"fast": [False], "framework": [True], "both": [True, False]}[args.routes]
     try:
         rows = [measure(size, args.workers, args.seconds, args.concurrency,
-                        args.generation_seconds, root, args.light, args.settle)
-                for size in args.sizes]
+                        args.generation_seconds, root, args.light, args.settle, framework)
+                for size in args.sizes for framework in variants]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    _compare_routes(rows)
     base = rows[0]
     for row in rows:
         row["throughput_vs_baseline"] = round(
             row["trajectories_per_second"] / max(base["trajectories_per_second"], 1e-9), 2)
         row["lease_p99_vs_baseline"] = round(row["lease_p99_ms"] / base["lease_p99_ms"], 2)
-        print(f"{row['nodes']:4d} nodes: lease p50 {row['lease_p50_ms']:7.2f} ms  p99 "
+        print(f"{row['nodes']:4d} nodes ({row['routes']}): lease p50 "
+              f"{row['lease_p50_ms']:7.2f} ms  p99 "
               f"{row['lease_p99_ms']:7.2f} ms  submit p99 {row['submit_p99_ms']:7.2f} ms  "
               f"{row['trajectories_per_second']:8.1f} traj/s "
               f"({row['throughput_vs_baseline']}x the {base['nodes']}-node baseline, "
@@ -306,7 +334,8 @@ def main() -> None:
         "settings": {"seconds": args.seconds, "concurrency_per_node": args.concurrency,
                      "generation_seconds": args.generation_seconds, "group_size": GROUP_SIZE,
                      "settle_seconds": args.settle,
-                     "worker_processes": args.workers, "light_nodes": args.light},
+                     "worker_processes": args.workers, "light_nodes": args.light,
+                     "routes": args.routes},
         "sizes": rows,
     }, indent=2))
     print(f"wrote {out}")

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from astraflow.dataflow.dashboard import dashboard_router
+from astraflow.dataflow.hotpath import HotRoutes
 from astraflow.dataflow.payloads import FULL_ERRNOS
 from astraflow.dataflow.records import BatchRec, ServiceError
 from astraflow.dataflow.service import DataflowService
@@ -144,6 +145,9 @@ def create_app(settings: DataflowSettings, token: str,
         redoc_url=None,
     )
     app.state.service = service
+    if settings.hot_routes:  # inside the size limit, which stays the outermost
+        app.add_middleware(HotRoutes, service=service, token=token,
+                           disk_full=lambda: _disk_full_detail(settings))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     check_token = bearer_auth(token)
 
@@ -316,12 +320,15 @@ def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build_openapi
 
 
+def _disk_full_detail(settings: DataflowSettings) -> str:
+    return (f"disk full: the data layer's store {settings.store_path} has no space left; "
+            "nothing was written, retry once space returns")
+
+
 def _disk_full(settings: DataflowSettings) -> JSONResponse:
     """507: the store's disk is full. Nothing of the request was written; clients retry
     (a node or trainer rides it out), and the run goes on once space returns."""
-    return JSONResponse({"detail": f"disk full: the data layer's store {settings.store_path} "
-                                   "has no space left; nothing was written, retry once "
-                                   "space returns"}, status_code=507)
+    return JSONResponse({"detail": _disk_full_detail(settings)}, status_code=507)
 
 
 def _error_handlers(app: FastAPI, settings: DataflowSettings) -> None:

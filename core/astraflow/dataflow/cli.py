@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bench-echo", action="store_true", default=None,
                         help="mount POST /v1/echo, the ceiling bench/dataflow.py measures "
                         "against (never in a run: it validates nothing)")
+    parser.add_argument("--framework-routes", action="store_true", default=None,
+                        help="serve leases, submissions and heartbeats through the web "
+                        "framework too (the baseline bench/scale.py measures against)")
     return parser
 
 
@@ -78,6 +81,7 @@ def _settings(args: argparse.Namespace) -> DataflowSettings:
         "heartbeat_timeout": args.heartbeat_timeout,
         "max_body_bytes": args.max_body_bytes,
         "bench_echo": args.bench_echo,
+        "hot_routes": None if args.framework_routes is None else not args.framework_routes,
         "policies": dict(args.policy) if args.policy else None,
         "task": {"name": args.task} if args.task else None,
     }

@@ -75,6 +75,10 @@ class DataflowSettings:
     #: mount ``POST /v1/echo`` (answers any body with its size: the ceiling
     #: ``bench/dataflow.py`` measures ingest against); never in a run
     bench_echo: bool = False
+    #: answer leases, submissions and heartbeats without the web framework
+    #: (:mod:`.hotpath`); False serves them through it, the baseline bench/scale.py
+    #: measures the fast path against
+    hot_routes: bool = True
 
     def __post_init__(self) -> None:
         self.synchronous = self.synchronous.upper()
