@@ -16,8 +16,9 @@ Two controls, decided every DECIDE seconds:
   decision (the mean lag over its samples past the limit; at most one a COOLDOWN)
   lowered to what is in flight times the lag limit over the lag seen (at most halved),
   at each decision it binds without the loop running late raised by a tenth
-  (the gradient rule of Netflix's concurrency limits) -- leases over it are refused,
-  those a submission asks for too;
+  (the gradient rule of Netflix's concurrency limits), but not within COOLDOWN of a
+  cut (raised before the cut can show, it swings around the loop's capacity) -- leases
+  over it are refused, those a submission asks for too;
 * the ``retry_after`` a refused node is told (spread over x[0.5, 1.5] so they come back
   apart), scaled so the refused come back at about REFUSALS_PER_SECOND together: the
   refused rate seen over the current advice says how many wait.
@@ -48,6 +49,11 @@ REFUSALS_PER_SECOND = 200.0
 MAX_RETRY = 60.0
 #: the cap never goes below this many leases in flight
 MIN_CAP = 8
+#: a cut keeps at least this share of the leases in flight
+MAX_CUT = 0.5
+#: the share a binding cap is raised by at a decision (none within COOLDOWN of a cut:
+#: raised faster than its cuts show, the cap swings around the loop's capacity)
+RAISE = 0.1
 
 
 class Overload:
@@ -90,13 +96,14 @@ class Overload:
         """One decision from the lag seen and the CPU share used over ``seconds``."""
         in_flight = self._in_flight()
         now = time.monotonic()
+        settled = now - self._cut_at >= COOLDOWN  # a cut shows only as leases end
         if self.lag_limit > 0 and lag > self.lag_limit and busy >= BUSY:
-            if now - self._cut_at >= COOLDOWN:  # the last cut shows only as leases end
+            if settled:
                 self._cut_at = now
                 self.cap = max(MIN_CAP, min(self.cap, in_flight)
-                               * max(0.5, self.lag_limit / lag))
-        elif in_flight >= self.cap - 1:
-            self.cap += max(1.0, self.cap * 0.1)
+                               * max(MAX_CUT, self.lag_limit / lag))
+        elif in_flight >= self.cap - 1 and settled:
+            self.cap += max(1.0, self.cap * RAISE)
         refused = self._refused / seconds
         self._refused = 0
         factor = min(2.0, max(0.5, refused / REFUSALS_PER_SECOND)) if refused else 0.9

@@ -47,6 +47,27 @@ def test_the_cap_rises_while_it_binds_and_the_loop_keeps_up():
     assert overload.cap == pytest.approx(110)
 
 
+def test_a_cut_is_not_undone_before_it_can_show(monkeypatch):
+    # a cut shows only as the leases granted before it end (a rollout's time): raised
+    # again meanwhile, the cap overshoots and the loop runs late once more -- the swing
+    # that set the tail latency at 10,000 nodes
+    from astraflow.dataflow import overload as module
+
+    now = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    in_flight, overload = gauge(1000)
+    overload.decide(lag=0.1, busy=0.95, seconds=0.25)
+    assert overload.cap == 500
+    in_flight[0] = 500
+    for _ in range(3):  # binding, the loop keeping up: still held within the cooldown
+        now[0] += 0.25
+        overload.decide(lag=0.01, busy=0.9, seconds=0.25)
+    assert overload.cap == 500
+    now[0] += 0.25
+    overload.decide(lag=0.01, busy=0.9, seconds=0.25)
+    assert overload.cap == pytest.approx(550)
+
+
 def test_refused_nodes_are_told_to_come_back_at_a_rate_the_loop_can_answer():
     _, overload = gauge(1000)
     overload.cap = 10  # far below what is in flight: every lease is refused
