@@ -5,12 +5,15 @@ Train it: python -m astraflow workflow=agent agent.path=examples/agent/calculato
 
 import json
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAioHttpClient
 
 CALC = {"type": "function", "function": {
     "name": "calc", "description": "Evaluate a sum or a difference.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                    "required": ["expression"]}}}
+
+
+_http = None  # one connection pool for every rollout of this process
 
 
 def calculator(expression):
@@ -24,7 +27,11 @@ def calculator(expression):
 async def run(task, client):
     """Ask; run any calculator calls; ask again with the results (three calls at most).
     Returns nothing: the run's reward scores the last answer."""
-    api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+    global _http
+    if _http is None:
+        _http = DefaultAioHttpClient()
+    api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
+                      http_client=_http)
     messages = [{"role": "user", "content": task.prompt}]
     for _ in range(3):
         reply = await api.chat.completions.create(model=client.model, messages=messages,
@@ -37,5 +44,4 @@ async def run(task, client):
             args = json.loads(call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id,
                              "content": calculator(args["expression"])})
-    await api.close()
     return None

@@ -1,4 +1,8 @@
-"""The same task with the OpenAI Agents SDK (pip install 'astraflow[agents]').
+"""The same task with the OpenAI Agents SDK (pip install 'astraflow[agents]'), on the
+SDK's default model class: it talks to the node's Responses API (/v1/responses).
+
+One HTTP connection pool serves all the rollouts of the agent's process; each rollout
+has its own key, so it gets its own (light) client over that pool.
 
 Train it: python -m astraflow workflow=agent agent.path=examples/agent/sdk_agent.py
 """
@@ -7,14 +11,15 @@ from agents import (
     Agent,
     MaxTurnsExceeded,
     ModelSettings,
-    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAioHttpClient
 
 set_tracing_disabled(True)  # nothing leaves the machine
+_http = None
 
 
 @function_tool
@@ -25,11 +30,15 @@ def calc(expression: str) -> str:
 
 
 async def run(task, client):
-    model = OpenAIChatCompletionsModel(
+    global _http
+    if _http is None:
+        _http = DefaultAioHttpClient()
+    model = OpenAIResponsesModel(
         model=client.model,
-        openai_client=AsyncOpenAI(base_url=client.base_url, api_key=client.api_key))
+        openai_client=AsyncOpenAI(base_url=client.base_url, api_key=client.api_key,
+                                  http_client=_http))
     agent = Agent(name="adder", tools=[calc], model=model,
-                  model_settings=ModelSettings(max_tokens=8))
+                  model_settings=ModelSettings(max_tokens=16))
     try:
         result = await Runner.run(agent, task.prompt, max_turns=3)
     except MaxTurnsExceeded:

@@ -171,3 +171,31 @@ def test_a_messages_stream_and_errors_in_anthropics_format(node):
     with pytest.raises(anthropic.AuthenticationError, match="invalid API key"):
         client.messages.create(model="policy", max_tokens=4,
                                messages=[{"role": "user", "content": "1+1="}])
+
+
+@pytest.mark.parametrize("example", ["anthropic_agent.py", "sdk_agent.py"])
+def test_the_example_agents_train_unchanged(node, example):
+    """``examples/agent/anthropic_agent.py`` (Messages API) and ``sdk_agent.py`` (the
+    Agents SDK's default model class: the Responses API) as a user runs them: given the
+    rollout's client config, their calls are recorded and train what was sampled."""
+    import importlib.util
+    from pathlib import Path
+
+    from astraflow.workflows.agent_worker import ClientConfig
+
+    if example == "sdk_agent.py":
+        pytest.importorskip("agents", reason="pip install 'astraflow[agents]'")
+    path = Path(__file__).parents[3] / "examples" / "agent" / example
+    spec = importlib.util.spec_from_file_location(example[:-3], path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    node.spies["policy"].sampled.clear()
+    session = node.open(Task("m3", "2+5=", "7"), ["policy"])
+    client = ClientConfig(f"{node.gateway.url}/v1", session.key, "policy", ["policy"])
+    node.loop.run(module.run(session.task, client))
+    node.gateway.close(session.key)
+    assert session.calls >= 1 and session.restarts == 0
+    (traj,) = session.trajectories(1.0, {})
+    trained = [t for t, m in zip(traj.tokens, traj.loss_mask, strict=True) if m]
+    assert trained == [t for g in node.spies["policy"].sampled for t in g.token_ids]
