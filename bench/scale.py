@@ -60,7 +60,12 @@ def make_config(run_dir: Path, generation_seconds: float) -> Path:
     cfg = compose_config(["+raas=sim", f"raas.generation_seconds={generation_seconds}",
                           f"model.path={model}", f"run_dir={run_dir}",
                           f"group_size={GROUP_SIZE}", f"batch_size={BATCH}",
-                          "dataflow.buffer_capacity=100000", "policies.policy.max_staleness=1000"])
+                          # the stand-in trainer acknowledges a batch at once, hundreds a
+                          # second when batches wait: at a bound of 1,000 versions the
+                          # data layer would refuse leases whose samples would arrive
+                          # that many steps late (the bench measures serving, not pacing)
+                          "dataflow.buffer_capacity=100000",
+                          "policies.policy.max_staleness=1000000"])
     prepare(cfg)
     return run_dir / "config.yaml"
 
@@ -100,10 +105,21 @@ def consume(url: str, stop: threading.Event) -> None:
 
     with DataflowClient(url, TOKEN) as client:
         client.register("trainer", policies=["policy"], node_id="trainer-bench")
+        beat = time.monotonic()
         while not stop.is_set():
-            batch = client.get_batch("policy", BATCH, timeout=1.0, trainer_id="trainer-bench")
-            if batch is not None:
-                client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
+            try:
+                # as a trainer's runtime does: one that stops beating is retired, and
+                # the data layer then refuses leases for its policy (trainer_gone)
+                if time.monotonic() - beat > 2.0:
+                    client.heartbeat()
+                    beat = time.monotonic()
+                batch = client.get_batch("policy", BATCH, timeout=1.0,
+                                         trainer_id="trainer-bench")
+                if batch is not None:
+                    client.ack_batch(batch.batch_id, wait_seconds=0.0, step_seconds=0.0)
+            except httpx.HTTPError as exc:  # a slow answer must not end the consumer
+                if not stop.is_set():
+                    print(f"trainer stand-in: {exc!r}; going on", file=sys.stderr)
 
 
 def resident_mb(pid: int) -> float:
@@ -118,6 +134,15 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _joined(url: str) -> int:
+    """Nodes of the pool registered so far (-1 when the data layer, busy with the
+    joining, did not answer in time)."""
+    try:
+        return int(status(url)["pools"].get("sim", {}).get("nodes", 0))
+    except httpx.TimeoutException:
+        return -1
 
 
 def status(url: str) -> dict[str, Any]:
@@ -197,7 +222,7 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
             first += count
         t_joined = time.time()
         deadline = t_joined + 300
-        while (joined := status(url)["pools"].get("sim", {}).get("nodes", 0)) < size:
+        while (joined := _joined(url)) < size:
             if time.time() > deadline or any(p.poll() is not None for p, _ in procs):
                 raise RuntimeError(f"only {joined} of {size} nodes registered")
             time.sleep(1.0)
@@ -257,9 +282,21 @@ def measure(size: int, workers: int, seconds: float, concurrency: int,
         "dataflow_rss_mb": round(rss_mb, 1),
         "nodes_cpu_fraction": round(nodes_cpu / (t1 - t0), 3),
         "leases_shed": after["overload"]["leases_shed"] - before["overload"]["leases_shed"],
+        # leases admission refused in the window, by kind (backpressure, staleness, ...)
+        "admission_refusals": _refusals(before, after),
         "connects_per_node": round(sum(r.get("connects", 0) for r in results) / size, 2),
         "errors": [e for r in results for e in r.get("errors", [])][:5],
     }
+
+
+def _refusals(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for policy, info in after["policies"].items():
+        was = before["policies"].get(policy, {}).get("admission_refusals", {})
+        for kind, n in info.get("admission_refusals", {}).items():
+            if n - was.get(kind, 0):
+                out[kind] = out.get(kind, 0) + n - was.get(kind, 0)
+    return out
 
 
 def _compare_routes(rows: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ Train it: python -m astraflow workflow=agent agent.path=examples/agent/sdk_agent
 from agents import (
     Agent,
     MaxTurnsExceeded,
+    ModelBehaviorError,
     ModelSettings,
     OpenAIResponsesModel,
     Runner,
@@ -41,6 +42,6 @@ async def run(task, client):
                   model_settings=ModelSettings(max_tokens=16))
     try:
         result = await Runner.run(agent, task.prompt, max_turns=3)
-    except MaxTurnsExceeded:
-        return 0.0
+    except (MaxTurnsExceeded, ModelBehaviorError):  # no answer in 3 turns, or a reply
+        return 0.0  # cut at max_tokens (the SDK raises on one): trained, scored 0
     return float(str(result.final_output).strip() == task.answer)
