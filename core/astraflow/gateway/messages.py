@@ -130,14 +130,23 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages,
                             "tools": _tools(body.get("tools")),
                             "max_tokens": body["max_tokens"],
-                            "tool_choice": "none" if (body.get("tool_choice") or {}).get(
-                                "type") == "none" else "auto"}
+                            "tool_choice": "none" if _choice(body) == "none" else "auto"}
     if stops is not None:
         chat["stop"] = stops
     for key in ("temperature", "top_p"):
         if body.get(key) is not None:
             chat[key] = body[key]
     return chat
+
+
+def _choice(body: dict[str, Any]) -> str:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+        raise MessagesError("tool_choice: an object with a 'type' (auto, any, tool, none)",
+                            "tool_choice")
+    return str(choice["type"])
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:

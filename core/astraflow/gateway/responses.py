@@ -41,6 +41,8 @@ def _text(content: Any, where: str) -> str:
         if kind not in TEXT_PARTS:
             raise ResponsesError(f"{where}.content[{k}] is of type {kind!r}: this endpoint "
                                  f"takes text parts ({', '.join(TEXT_PARTS)})", "input")
+        if not isinstance(part.get("text", ""), str):
+            raise ResponsesError(f"{where}.content[{k}].text must be a string", "input")
     return content_text(content)
 
 

@@ -422,6 +422,8 @@ class Gateway:
 
     async def _responses(self, session: Session, body: dict[str, Any]) -> Any:
         previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise _bad("'previous_response_id' must be a string", "previous_response_id")
         if previous is not None and previous not in session.responses:
             raise GatewayError(404, f"no response {previous!r} in this rollout (a response "
                                "is kept until its rollout ends)", "previous_response_id",

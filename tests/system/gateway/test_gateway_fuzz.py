@@ -21,7 +21,11 @@ pytestmark = pytest.mark.timeout(600)
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "1+1="}],
         "max_tokens": 2, "temperature": 1.0, "n": 1}
 COMPLETION = {"model": "policy", "prompt": "1+1=", "max_tokens": 2, "temperature": 1.0}
-VALID = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
+RESPONSES = {"model": "policy", "input": "1+1=", "max_output_tokens": 2, "temperature": 1.0}
+MESSAGES = {"model": "policy", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "1+1="}]}
+VALID = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION,
+         "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
 #: what the mutations write into a body: values of every JSON type, some huge
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70)
@@ -33,7 +37,13 @@ values = st.recursive(
 #: the fields the endpoint reads, so mutations land where they matter
 FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
           "top_p", "n", "stop", "seed", "stream", "logprobs", "top_logprobs", "tools",
-          "tool_choice", "stream_options", "response_format", "echo", "suffix"]
+          "tool_choice", "stream_options", "response_format", "echo", "suffix",
+          # the Responses and Messages APIs'
+          "input", "instructions", "max_output_tokens", "previous_response_id", "system",
+          "stop_sequences", "top_k", "metadata"]
+#: what an item or block of the Responses and Messages APIs may say it is
+ITEM_TYPES = ["message", "function_call", "function_call_output", "reasoning", "text",
+              "tool_use", "tool_result", "image", "input_text", "x"]
 
 
 @st.composite
@@ -50,6 +60,17 @@ def requests(draw) -> tuple[str, bytes]:
             message[draw(st.sampled_from(["tool_calls", "name", "tool_call_id"]))] = \
                 draw(values)
         body["messages"] = draw(st.lists(st.just(message), min_size=0, max_size=3))
+    elif kind == "message":  # an item (Responses) or content blocks (Messages)
+        item = {"type": draw(st.sampled_from(ITEM_TYPES)),
+                "role": draw(st.sampled_from(["user", "assistant", "developer", "x"]))}
+        for key in draw(st.lists(st.sampled_from(
+                ["content", "text", "call_id", "name", "arguments", "output", "id",
+                 "input", "tool_use_id"]), max_size=3)):
+            item[key] = draw(values)
+        if path.endswith("responses"):
+            body["input"] = draw(st.lists(st.just(item), min_size=0, max_size=3))
+        elif path.endswith("messages"):
+            body["messages"] = [{"role": item["role"], "content": [item]}]
     elif kind == "drop":
         del body[draw(st.sampled_from(sorted(body)))]
     elif kind == "garbage":
