@@ -50,6 +50,13 @@ LEAVE_TIMEOUT = 5.0
 #: again (within launcher.max_restarts) instead of it failing every lease for ever
 FAILED_IN_A_ROW = 16
 FAILING_SECONDS = 30.0
+#: a node that fails to load a version this many times in a row the same way (names or
+#: shapes that do not fit its model) stops with the error instead of retrying in silence
+LOAD_FAILURES = 3
+
+
+class WeightsLoadError(RuntimeError):
+    """A published version this node's engine refused to load (the engine's reason)."""
 
 
 @dataclass
@@ -257,7 +264,14 @@ class RaaSNode:
                     continue
                 version, path = synced
                 started = time.time()
-                await backend.load(path, version, partial=bool(self.cfg.get("partial_rollouts")))
+                try:
+                    await backend.load(path, version,
+                                       partial=bool(self.cfg.get("partial_rollouts")))
+                except BaseMismatchError:
+                    raise
+                except (ValueError, KeyError, RuntimeError) as exc:
+                    raise WeightsLoadError(f"node {self.name}: {policy} version {version} "
+                                           f"does not load: {exc}") from exc
                 self._refreshed(policy, version, path, time.time() - started)
                 loaded = True
         if loaded:
@@ -352,9 +366,11 @@ class RaaSNode:
         again and again.
         """
         seen = {p: b.version for p, b in self.backends.items()}
+        failed: list[str] = []  # the same load failure, once per attempt in a row
         while not stop.is_set():
             try:
                 if await self.refresh():
+                    failed = []
                     await _wait(stop, self.options.refresh_interval)
                 have = {p: max(seen[p], b.version) for p, b in self.backends.items()}
                 latest = await self.client.wait_versions(have, self.options.refresh_wait)
@@ -363,6 +379,14 @@ class RaaSNode:
                 self.fatal = exc
                 stop.set()
                 return
+            except WeightsLoadError as exc:  # a file fetched again may load; the same
+                failed = [*failed, str(exc)] if failed[-1:] == [str(exc)] else [str(exc)]
+                log.error("%s (attempt %d of %d)", exc, len(failed), LOAD_FAILURES)
+                if len(failed) >= LOAD_FAILURES:  # refusal each time will not
+                    self.fatal = exc
+                    stop.set()
+                    return
+                await _wait(stop, self.options.retry_interval)
             except Exception as exc:  # the data layer restarting: keep the weights we have
                 log.warning("node %s: weight refresh failed, retrying: %r", self.name, exc)
                 await _wait(stop, self.options.retry_interval)
