@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -248,6 +249,10 @@ def test_a_step_s_weights_are_published_while_the_next_step_trains(tmp_path, tin
     assert status["consumed"] == 24 and status["outstanding_batches"] == 0
 
 
+#: seconds the slow publish below lasts past step 2's training
+SLOW_UPLOAD = 1.0
+
+
 def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tiny_model_dir):
     """The data layer paces rollouts by the trainer's steps: a publish that runs behind
     the next step is reported as the publish's time, not the step's."""
@@ -265,8 +270,13 @@ def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tin
                 self.publisher = publisher
 
             def publish(self, version, tensors):
-                if version == 1 and not trained.wait(timeout=30):
-                    raise AssertionError("step 2 did not train while step 1 was published")
+                if version == 1:
+                    if not trained.wait(timeout=30):
+                        raise AssertionError("step 2 did not train while step 1 was "
+                                             "published")
+                    # a slow upload: longer than any step of the tiny model, so that a
+                    # step charged with it could not pass for one that is not
+                    time.sleep(SLOW_UPLOAD)
                 return self.publisher.publish(version, tensors)
 
         class Watched(TrainerRuntime):
@@ -290,4 +300,4 @@ def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tin
     first, second = [json.loads(line) for line in (tmp_path / "metrics-policy.jsonl").open()]
     assert (first["step"], second["step"]) == (1, 2)
     # step 1's publish outlasted step 2's training, and step 1 is not charged for it
-    assert first["step_seconds"] < first["publish_seconds"]
+    assert first["publish_seconds"] >= SLOW_UPLOAD > first["step_seconds"]
