@@ -23,13 +23,22 @@ def bearer_auth(token: str):
     expected = f"Bearer {token}".encode()
 
     def check(authorization: str | None = Header(default=None)) -> None:
-        if authorization is None:
-            raise HTTPException(401, "missing Authorization header: send 'Bearer <token>'",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(authorization.encode(), expected):
-            raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+        problem = token_problem(None if authorization is None else authorization.encode(),
+                                expected)
+        if problem is not None:
+            raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})
 
     return check
+
+
+def token_problem(authorization: bytes | None, expected: bytes) -> str | None:
+    """What is wrong with an ``Authorization`` header against ``Bearer <token>`` (as
+    bytes), or None when it is right: the 401's detail."""
+    if not authorization:
+        return "missing Authorization header: send 'Bearer <token>'"
+    if not hmac.compare_digest(authorization, expected):
+        return "invalid bearer token"
+    return None
 
 
 class BodySizeLimit:

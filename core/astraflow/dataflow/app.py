@@ -22,8 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from astraflow.dataflow.dashboard import dashboard_router
-from astraflow.dataflow.hotpath import HotRoutes
-from astraflow.dataflow.payloads import FULL_ERRNOS
+from astraflow.dataflow.hotpath import HotRoutes, encode, refusal
 from astraflow.dataflow.records import BatchRec, ServiceError
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
@@ -70,9 +69,8 @@ async def _read(request: Request, model: type[BaseModel]) -> Any:
 
 
 def _reply(request: Request, data: Any, status: int = 200) -> Response:
-    if MSGPACK in request.headers.get("accept", ""):
-        return Response(msgpack.packb(data), status_code=status, media_type=MSGPACK)
-    return Response(json.dumps(data), status_code=status, media_type=JSON)
+    body, media = encode(data, MSGPACK in request.headers.get("accept", ""))
+    return Response(body, status_code=status, media_type=media)
 
 
 def _batch_reply(request: Request, rec: BatchRec, payloads: dict[int, bytes],
@@ -146,8 +144,7 @@ def create_app(settings: DataflowSettings, token: str,
     )
     app.state.service = service
     if settings.hot_routes:  # inside the size limit, which stays the outermost
-        app.add_middleware(HotRoutes, service=service, token=token,
-                           disk_full=lambda: _disk_full_detail(settings))
+        app.add_middleware(HotRoutes, service=service, token=token)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     check_token = bearer_auth(token)
 
@@ -320,41 +317,18 @@ def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build_openapi
 
 
-def _disk_full_detail(settings: DataflowSettings) -> str:
-    return (f"disk full: the data layer's store {settings.store_path} has no space left; "
-            "nothing was written, retry once space returns")
-
-
-def _disk_full(settings: DataflowSettings) -> JSONResponse:
-    """507: the store's disk is full. Nothing of the request was written; clients retry
-    (a node or trainer rides it out), and the run goes on once space returns."""
-    return JSONResponse({"detail": _disk_full_detail(settings)}, status_code=507)
-
-
 def _error_handlers(app: FastAPI, settings: DataflowSettings) -> None:
     """Every refusal as a 4xx (or 5xx) whose ``detail`` says what is wrong."""
 
     @app.exception_handler(ServiceError)
-    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-
     @app.exception_handler(PayloadError)
-    async def payload_error(_request: Request, exc: PayloadError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+    @app.exception_handler(sqlite3.Error)
+    @app.exception_handler(OSError)
+    async def refused(_request: Request, exc: Exception) -> JSONResponse:
+        status, detail = refusal(exc, settings.store_path)  # type: ignore[arg-type]
+        return JSONResponse({"detail": detail}, status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def request_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
-
-    @app.exception_handler(sqlite3.Error)
-    async def store_error(_request: Request, exc: sqlite3.Error) -> JSONResponse:
-        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-            return _disk_full(settings)
-        return JSONResponse({"detail": f"store write failed: {exc}"}, status_code=503)
-
-    @app.exception_handler(OSError)
-    async def io_error(_request: Request, exc: OSError) -> JSONResponse:
-        if exc.errno in FULL_ERRNOS:
-            return _disk_full(settings)
-        return JSONResponse({"detail": f"store I/O failed: {exc}"}, status_code=503)

@@ -12,7 +12,6 @@ API; the size limit stays the outer middleware's.
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 import sqlite3
@@ -34,6 +33,7 @@ from astraflow.dataflow.wire import (
     decode_body,
     parse,
 )
+from astraflow.security import token_problem
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -50,37 +50,29 @@ class HotRoutes:
     """ASGI middleware answering ``POST /v1/leases``, ``POST /v1/trajectories`` and
     ``POST /v1/nodes/{id}/heartbeat`` itself (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, service: DataflowService, token: str,
-                 disk_full: Callable[[], str]) -> None:
+    def __init__(self, app: ASGIApp, service: DataflowService, token: str) -> None:
         self.app = app
         self.service = service
         self.expected = f"Bearer {token}".encode()
-        self.disk_full = disk_full
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        node_id = None
+        model: type[BaseModel] | None = None
         if path == "/v1/leases":
-            handler: Callable[[Any], Awaitable[Any]] = self.service.lease
-            model: type[BaseModel] | None = LeaseIn
+            model = LeaseIn
         elif path == "/v1/trajectories":
-            handler, model = self.service.submit, SubmitIn
-        elif path.startswith("/v1/nodes/") and (m := HEARTBEAT.match(path)):
-            node_id = m.group(1)
-            handler, model = self._heartbeat(node_id), None
-        else:
+            model = SubmitIn
+        elif not (path.startswith("/v1/nodes/") and (m := HEARTBEAT.match(path))):
             return await self.app(scope, receive, send)
-        await self._serve(scope, receive, send, handler, model)
-
-    def _heartbeat(self, node_id: str) -> Callable[[Any], Awaitable[Any]]:
-        async def beat(_req: Any) -> Any:
-            return self.service.heartbeat(node_id)
-        return beat
+        else:
+            node_id = m.group(1)
+        await self._serve(scope, receive, send, model, node_id)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send,
-                     handler: Callable[[Any], Awaitable[Any]],
-                     model: type[BaseModel] | None) -> None:
+                     model: type[BaseModel] | None, node_id: str | None) -> None:
         authorization = content_type = accept = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -89,31 +81,48 @@ class HotRoutes:
                 content_type = value
             elif name == b"accept":
                 accept = value
-        packed = MSGPACK.encode() in accept
-        if not authorization:
-            return await _send(send, 401, {"detail": "missing Authorization header: send "
-                                                     "'Bearer <token>'"}, False, UNAUTHORISED)
-        if not hmac.compare_digest(authorization, self.expected):
-            return await _send(send, 401, {"detail": "invalid bearer token"}, False,
-                               UNAUTHORISED)
+        problem = token_problem(authorization, self.expected)
+        if problem is not None:
+            return await _send(send, 401, {"detail": problem}, False, UNAUTHORISED)
         body = await _body(receive)
         try:
-            req = None
-            if model is not None:
+            if model is None:  # a heartbeat: no body
+                reply = self.service.heartbeat(str(node_id))
+            else:
                 data = decode_body(body, content_type.decode("latin-1")) if body else {}
                 req = parse(model, data)
-            reply = await handler(req)
-        except (ServiceError, PayloadError) as exc:
-            return await _send(send, exc.status, {"detail": str(exc)}, False)
-        except sqlite3.Error as exc:
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                return await _send(send, 507, {"detail": self.disk_full()}, False)
-            return await _send(send, 503, {"detail": f"store write failed: {exc}"}, False)
-        except OSError as exc:
-            if exc.errno in FULL_ERRNOS:
-                return await _send(send, 507, {"detail": self.disk_full()}, False)
-            return await _send(send, 503, {"detail": f"store I/O failed: {exc}"}, False)
-        await _send(send, 200, reply, packed)
+                reply = await (self.service.lease(req) if model is LeaseIn
+                               else self.service.submit(req))
+        except (ServiceError, PayloadError, sqlite3.Error, OSError) as exc:
+            status, detail = refusal(exc, self.service.settings.store_path)
+            return await _send(send, status, {"detail": detail}, False)
+        await _send(send, 200, reply, MSGPACK.encode() in accept)
+
+
+def refusal(exc: ServiceError | PayloadError | sqlite3.Error | OSError, store: Any
+            ) -> tuple[int, str]:
+    """The status and ``detail`` a refused request is answered with, on the fast path and
+    by the framework's exception handlers alike. A full disk is a 507 (nothing was
+    written; clients retry, and the run goes on once space returns); other store
+    failures a 503."""
+    if isinstance(exc, ServiceError | PayloadError):
+        return exc.status, str(exc)
+    if isinstance(exc, sqlite3.Error):
+        full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        what = f"store write failed: {exc}"
+    else:
+        full, what = exc.errno in FULL_ERRNOS, f"store I/O failed: {exc}"
+    if full:
+        return 507, (f"disk full: the data layer's store {store} has no space left; "
+                     "nothing was written, retry once space returns")
+    return 503, what
+
+
+def encode(data: Any, packed: bool) -> tuple[bytes, str]:
+    """A reply's body and media type: msgpack when asked for, else JSON."""
+    if packed:
+        return msgpack.packb(data), MSGPACK
+    return json.dumps(data).encode(), JSON
 
 
 async def _body(receive: Receive) -> bytes:
@@ -131,11 +140,8 @@ async def _body(receive: Receive) -> bytes:
 
 async def _send(send: Send, status: int, data: Any, packed: bool,
                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    """A reply as the framework's routes give it: msgpack when asked for, else JSON."""
-    if packed:
-        body, media = msgpack.packb(data), MSGPACK
-    else:
-        body, media = json.dumps(data).encode(), JSON
+    """A reply as the framework's routes give it."""
+    body, media = encode(data, packed)
     headers = [(b"content-length", str(len(body)).encode()),
                (b"content-type", media.encode()), *(extra or ())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
