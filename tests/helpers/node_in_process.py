@@ -31,6 +31,14 @@ class NodeInProcess:
     running: concurrent.futures.Future[Any]
     token: str
 
+    def close(self) -> None:
+        """Stop the node if it still runs, then its loop and the data layer."""
+        if not self.running.done():
+            self.loop.loop.call_soon_threadsafe(self.stop.set)
+            self.running.exception(timeout=60)
+        self.loop.close()
+        self.server.stop()
+
     def wait_for_rollouts(self, timeout: float = 120) -> None:
         with DataflowClient(self.server.url, self.token) as client:
             wait_until(lambda: client.status()["tasks"]["completed"] > 0, timeout,

@@ -15,6 +15,8 @@ import json
 import uuid
 from typing import Any
 
+from astraflow.gateway.tools import function_tool
+
 #: the API's error type for an HTTP status
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -160,9 +162,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
                 tool.get("type") not in (None, "custom"):
             raise MessagesError(f"tools.{k}: this endpoint takes client tools ({{'name': ..., "
                                 "'input_schema': ...}), not server tools", "tools")
-        out.append({"type": "function", "function": {
-            "name": tool["name"], "description": tool.get("description") or "",
-            "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}})
+        out.append(function_tool(tool["name"], tool.get("description"),
+                                 tool.get("input_schema")))
     return out or None
 
 

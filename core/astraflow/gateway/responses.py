@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from astraflow.gateway.record import content_text
+from astraflow.gateway.tools import function_tool
 
 #: what an ``input`` item's content part may be (text only: the engines take text)
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -120,9 +121,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
             raise ResponsesError(f"tools[{k}]: this endpoint takes function tools "
                                  "({'type': 'function', 'name': ..., 'parameters': ...})",
                                  "tools")
-        out.append({"type": "function", "function": {
-            "name": tool["name"], "description": tool.get("description") or "",
-            "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}})
+        out.append(function_tool(tool["name"], tool.get("description"),
+                                 tool.get("parameters")))
     return out or None
 
 

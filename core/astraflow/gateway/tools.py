@@ -36,6 +36,13 @@ class Parsed:
     calls: list[dict[str, Any]] = field(default_factory=list)
 
 
+def function_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
+    """A tool of another API (Responses, Messages) as chat completions' ``tools`` entry."""
+    return {"type": "function", "function": {
+        "name": name, "description": description or "",
+        "parameters": parameters or {"type": "object", "properties": {}}}}
+
+
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 

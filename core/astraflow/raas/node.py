@@ -366,11 +366,11 @@ class RaaSNode:
         again and again.
         """
         seen = {p: b.version for p, b in self.backends.items()}
-        failed: list[str] = []  # the same load failure, once per attempt in a row
+        failure, failures = "", 0  # the last load failure, and how often in a row
         while not stop.is_set():
             try:
                 if await self.refresh():
-                    failed = []
+                    failure, failures = "", 0
                     await _wait(stop, self.options.refresh_interval)
                 have = {p: max(seen[p], b.version) for p, b in self.backends.items()}
                 latest = await self.client.wait_versions(have, self.options.refresh_wait)
@@ -380,9 +380,10 @@ class RaaSNode:
                 stop.set()
                 return
             except WeightsLoadError as exc:  # a file fetched again may load; the same
-                failed = [*failed, str(exc)] if failed[-1:] == [str(exc)] else [str(exc)]
-                log.error("%s (attempt %d of %d)", exc, len(failed), LOAD_FAILURES)
-                if len(failed) >= LOAD_FAILURES:  # refusal each time will not
+                failures = failures + 1 if str(exc) == failure else 1
+                failure = str(exc)
+                log.error("%s (attempt %d of %d)", exc, failures, LOAD_FAILURES)
+                if failures >= LOAD_FAILURES:  # refusal each time will not
                     self.fatal = exc
                     stop.set()
                     return

@@ -35,11 +35,7 @@ def test_a_node_whose_engine_died_stops_with_its_error(tmp_path, tiny_model_dir,
         with pytest.raises(RuntimeError) as stopped:
             running.result(timeout=120)
     finally:
-        if not running.done():
-            started.loop.loop.call_soon_threadsafe(started.stop.set)
-            running.exception(timeout=60)
-        started.loop.close()
-        started.server.stop()
+        started.close()
     said = str(stopped.value)
     assert said.startswith("node n: its last ") and "rollouts failed" in said, said
     assert "EngineDeadError('EngineCore encountered an issue')" in said
