@@ -5,7 +5,11 @@ policies, then runs simulated rollout nodes -- client processes that lease a tas
 submit a group for each policy -- and one trainer stand-in per policy that pulls and
 acknowledges batches.
 The nodes pace themselves to ``--rate`` trajectories per second (default: ten times the
-default run's ingest, 2,150/s, measured on this machine).
+default run's ingest, 2,150/s, measured on this machine). Where the data layer cannot
+take that (two cores shared with the nodes do not), they are paced from half-way through
+the warm-up at ``--steady`` (0.85) of what it sustained until then: a saturated server's
+throughput drifts with the machine, what retention holds drifts with it, and growth in
+memory or store would then measure the drift, not a leak.
 
 Every ``--sample`` seconds it records the server's resident memory, the store's size
 (database and payload log) and what the server remembers; every lease and submission's
@@ -55,6 +59,14 @@ DEFAULT_RUN_INGEST = 2150.0
 
 
 _GROUPS: dict[int, list[dict[str, Any]]] = {}
+#: tasks per second per slot, set by the driver once it has seen what the data layer
+#: sustains (0 until then: the nodes run at the rate they were started with)
+_PACE: Any = None
+
+
+def _share_pace(pace: Any) -> None:
+    global _PACE
+    _PACE = pace
 
 
 def _group(task_id: str, tokens: int) -> list[dict[str, Any]]:
@@ -89,7 +101,7 @@ async def _node_loop(client: Any, stop: float, pace: float, tokens: int,
                      lat: dict[str, list[tuple[float, float]]]) -> int:
     """One rollout slot: lease a task, submit its groups, at ``pace`` tasks per second
     (each its own request, so both latencies are measured)."""
-    done = 0
+    done = base = 0
     t0 = time.monotonic()
     while time.monotonic() < stop:
         start = time.monotonic()
@@ -102,7 +114,10 @@ async def _node_loop(client: Any, stop: float, pace: float, tokens: int,
         out = await client.submit(leases[0], _group(leases[0].task.task_id, tokens))
         lat["submit"].append((start, time.monotonic() - start))
         done += out.get("accepted", 0)
-        due = t0 + (done / (2 * GROUP_SIZE)) / pace  # paced: never faster than the rate
+        if _PACE is not None and _PACE.value > 0 and _PACE.value != pace:
+            # the driver settled the rate at what the data layer sustains: paced from now
+            pace, t0, base = _PACE.value, time.monotonic(), done
+        due = t0 + ((done - base) / (2 * GROUP_SIZE)) / pace  # never faster than the rate
         if due > time.monotonic():
             await asyncio.sleep(due - time.monotonic())
     return done
@@ -202,9 +217,14 @@ def start_server(store: Path, retain: float) -> tuple[subprocess.Popen, str]:
 
 
 def soak(seconds: float, rate: float, retain: float, warmup: float, sample: float,
-         clients: int, slots: int, tokens: int, window: float = 0.1) -> dict[str, Any]:
+         clients: int, slots: int, tokens: int, window: float = 0.1,
+         steady: float | None = 0.85) -> dict[str, Any]:
     """Run the soak and return its figures and checks (see the module's docstring):
-    the first and last ``window`` of the time after the warm-up are compared."""
+    the first and last ``window`` of the time after the warm-up are compared.
+    With ``steady``, the nodes are paced from half-way through the warm-up at that
+    fraction of what the data layer sustained until then, if below ``rate``: a load the
+    server keeps up with, so what retention holds stays level and growth means a leak,
+    not a machine whose spare capacity drifted (``None``: ``rate`` throughout)."""
     from astraflow.dataflow.client import DataflowClient
 
     store = Path(tempfile.mkdtemp(prefix="astraflow-soak-")) / "store"
@@ -213,8 +233,11 @@ def soak(seconds: float, rate: float, retain: float, warmup: float, sample: floa
     try:
         ctx = mp.get_context("spawn")
         pace = rate / (2 * GROUP_SIZE) / (clients * slots)  # tasks/s per slot
-        with ctx.Pool(clients + len(POLICIES)) as pool, DataflowClient(url, TOKEN) as probe:
+        shared = ctx.Value("d", 0.0, lock=False)
+        with ctx.Pool(clients + len(POLICIES), initializer=_share_pace,
+                      initargs=(shared,)) as pool, DataflowClient(url, TOKEN) as probe:
             began = time.time()
+            settled: float | None = None
             nodes = pool.map_async(_node_process, [(url, seconds, slots, pace, tokens)] * clients)
             trainers = pool.map_async(_trainer_process,
                                       [(url, p, seconds + 5) for p in POLICIES])
@@ -229,6 +252,9 @@ def soak(seconds: float, rate: float, retain: float, warmup: float, sample: floa
                     "remembered": st["retention"]["tasks_remembered"],
                     "accepted": st["trajectories"]["accepted"],
                     "buffered": sum(p["buffered"] for p in st["policies"].values())})
+                if steady and settled is None and samples[-1]["t"] >= warmup / 2:
+                    settled = _settle(samples, rate, steady)
+                    shared.value = settled / (2 * GROUP_SIZE) / (clients * slots)
                 nodes.wait(sample)
             results = nodes.get()
             trained = sum(trainers.get())
@@ -236,7 +262,26 @@ def soak(seconds: float, rate: float, retain: float, warmup: float, sample: floa
         server.terminate()
         server.wait(30)
         shutil.rmtree(store.parent, ignore_errors=True)
-    return _report(samples, results, trained, began, seconds, warmup, rate, window)
+    result = _report(samples, results, trained, began, seconds, warmup, settled or rate,
+                     window)
+    return {"asked_trajectories_per_s": rate, **result}
+
+
+def _rate(samples: list[dict[str, Any]], start: float, end: float) -> float | None:
+    inside = [s for s in samples if start <= s["t"] <= end]
+    if len(inside) < 2:
+        return None
+    return round((inside[-1]["accepted"] - inside[0]["accepted"])
+                 / (inside[-1]["t"] - inside[0]["t"]), 1)
+
+
+def _settle(samples: list[dict[str, Any]], rate: float, fraction: float) -> float:
+    """The rate to hold from now: ``fraction`` of the trajectories/s accepted over the
+    second half of what has run so far, or ``rate`` if that is lower."""
+    last = samples[-1]
+    mid = min(samples, key=lambda s: abs(s["t"] - last["t"] / 2))
+    sustained = (last["accepted"] - mid["accepted"]) / max(last["t"] - mid["t"], 1e-9)
+    return min(rate, fraction * sustained)
 
 
 def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, Any]]],
@@ -254,6 +299,8 @@ def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, An
            for k, v in lat.items()}
     cpu = {"first_ms": _cpu_per_trajectory(samples, warmup, warmup + tenth),
            "last_ms": _cpu_per_trajectory(samples, seconds - tenth, seconds)}
+    rates = {"first": _rate(samples, warmup, warmup + tenth),
+             "last": _rate(samples, seconds - tenth, seconds)}
     rss0, rss1 = after[0]["rss_mb"], after[-1]["rss_mb"]
     # the database (and its WAL) is bounded by retention; the payload log by its
     # segments: the one being appended to and one sealed, reclaimed once trained
@@ -270,6 +317,11 @@ def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, An
         "cpu_per_trajectory_last_over_first": round(cpu["last_ms"] / cpu["first_ms"], 3)
         if cpu["first_ms"] and cpu["last_ms"] else None,
         "database_growth": round(db1 / max(db0, 1) - 1, 4),
+        # what retention holds follows the rate: the database's bytes per task remembered
+        "database_bytes_per_task_remembered": {
+            "warmup": round(db0 / max(max(s["remembered"] for s in samples
+                                          if s["t"] < warmup + tenth), 1)),
+            "end": round(db1 / max(max(s["remembered"] for s in after), 1))},
         "payload_log_max_mb": round(payload_max / 2**20, 1),
         "store_bounded": db1 <= 1.2 * db0 and payload_max <= 2 * SEGMENT_BYTES,
     }
@@ -281,6 +333,7 @@ def _report(samples: list[dict[str, Any]], results: list[tuple[int, dict[str, An
             "target_trajectories_per_s": rate,
             "achieved_trajectories_per_s": round(accepted / seconds, 1),
             "achieved_over_target": round(accepted / seconds / rate, 3),
+            "trajectories_per_s_first_and_last_tenth": rates,
             "accepted": accepted, "trained": trained, "p99": p99, "p50": p50,
             "cpu_ms_per_trajectory": cpu, "checks": checks,
             "samples": samples}
@@ -292,6 +345,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=10 * DEFAULT_RUN_INGEST,
                         help="trajectories per second the nodes aim at (both policies)")
+    parser.add_argument("--steady", type=float, default=0.85,
+                        help="from half-way through the warm-up, hold this fraction of the "
+                             "rate the data layer sustained if below --rate (0: --rate "
+                             "throughout, the nodes as fast as the server lets them)")
     parser.add_argument("--retain-seconds", type=float, default=120.0)
     parser.add_argument("--warmup-fraction", type=float, default=0.2)
     parser.add_argument("--sample", type=float, default=5.0, help="seconds between samples")
@@ -302,7 +359,8 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.minutes * 60
     result = soak(seconds, args.rate, args.retain_seconds, seconds * args.warmup_fraction,
-                  args.sample, args.clients, args.slots, args.tokens)
+                  args.sample, args.clients, args.slots, args.tokens,
+                  steady=args.steady or None)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                          "cpu": platform.processor() or _cpu_name()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
