@@ -16,7 +16,9 @@ Every hook receives a ``register`` callback (the style of ``llm.register_models`
 * ``check`` -- optional, a ``"module:function"`` string (or the function) that raises
   ``ValueError`` on a config the option cannot run, without importing the
   implementation. The launcher calls it before anything starts; without it, it imports
-  the factory to call its ``check_config`` (an engine import: seconds of start-up).
+  the factory to call its ``check_config`` (an engine import: seconds of start-up). A
+  check with a ``model_path`` parameter also gets the run's checkpoint directory, to
+  refuse a layout it cannot run (``trainer=megatron`` a mixture-of-experts model).
 
 Built-in implementations are registered through these same hooks by
 :mod:`astraflow.builtins`.

@@ -31,9 +31,16 @@ def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
 
 
 def linear_modules(model_dir: str | Path) -> list[str]:
-    """Modules of a checkpoint with a 2-D ``weight`` that is not an embedding."""
+    """Modules of a checkpoint with a 2-D ``weight`` that is not an embedding, nor one
+    expert of a mixture-of-experts layer (stored one matrix per expert, held fused in
+    memory: not a linear layer an adapter wraps)."""
     return sorted(name[: -len(".weight")] for name, shape in tensor_shapes(model_dir).items()
-                  if name.endswith(".weight") and len(shape) == 2 and "embed" not in name)
+                  if name.endswith(".weight") and len(shape) == 2 and "embed" not in name
+                  and ".experts." not in name)
+
+
+def _has_experts(model_dir: str | Path) -> bool:
+    return any(".experts." in name for name in tensor_shapes(model_dir))
 
 
 def matches(module: str, target: str) -> bool:
@@ -51,8 +58,11 @@ def check_targets(targets: list[str] | str, model_dir: str | Path) -> None:
     unmatched = [t for t in targets if not any(matches(m, t) for m in modules)]
     if unmatched:
         kinds = sorted({m.rsplit(".", 1)[-1] for m in modules})
+        experts = (" (a mixture-of-experts layer's experts are not adapted: adapt its "
+                   "attention)" if _has_experts(model_dir) else "")
         raise ValueError(f"trainer.lora.target_modules: {unmatched} match no module of "
-                         f"{model_dir}; its linear layers are {kinds} (or use {ALL_LINEAR!r})")
+                         f"{model_dir}; its linear layers are {kinds} (or use {ALL_LINEAR!r})"
+                         f"{experts}")
 
 
 def adapter_key(name: str) -> str:

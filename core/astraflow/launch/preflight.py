@@ -8,7 +8,9 @@ component that dies at start-up, is restarted and dies the same way again.
 
 from __future__ import annotations
 
+import inspect
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +42,26 @@ def check_backends(cfg: DictConfig) -> None:
         check = entry.checker() or getattr(entry.load(), "check_config", None)
         if callable(check):
             try:
-                check(conf)
+                _judge(check, conf, cfg.model.path)
             except ValueError as exc:  # a backend says what is wrong; no traceback for it
                 raise ConfigError(_for_policy(str(exc), policy)) from None
     if lora_rank(cfg.trainer) and not getattr(
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
                           "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+
+
+def _judge(check: Callable[..., Any], conf: Any, model_path: str | None) -> None:
+    """A check that takes ``model_path`` judges the checkpoint too (a layout the backend
+    cannot train, e.g. trainer=megatron given a mixture-of-experts model)."""
+    try:
+        takes_path = "model_path" in inspect.signature(check).parameters
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        takes_path = False
+    if takes_path and model_path and Path(str(model_path)).expanduser().is_dir():
+        check(conf, model_path=str(Path(str(model_path)).expanduser()))
+    else:
+        check(conf)
 
 
 def _for_policy(message: str, policy: str) -> str:

