@@ -20,6 +20,7 @@ workers, one a core, take the tests the CPU paces; the third takes those the clo
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,19 @@ def tier_of(path: Path) -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (see conftest.py)")
+
+
+_BEGAN = time.monotonic()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """When each xdist worker ran out of work: the last one sets the suite's time, and
+    whether it is a CPU lane or the clock-paced one says where to cut."""
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"worker {node.gateway.id} finished after "
+                            f"{time.monotonic() - _BEGAN:.0f} s")
 
 
 def group_of(path: Path) -> str:
