@@ -18,6 +18,7 @@ from astraflow.tasks.files import (
     VerlTaskConfig,
 )
 from astraflow.tasks.functions import FunctionsConfig
+from astraflow.tasks.subset_sum import SubsetSumConfig, SubsetSumRewardConfig
 from astraflow.workflows.agent import AgentConfig
 from astraflow.workflows.single_turn import SingleTurnConfig
 from astraflow.workflows.solve_select import SolveSelectConfig
@@ -35,6 +36,8 @@ TASKS = [
      "Small-integer arithmetic with a held-out split."),
     ("functions", "astraflow.tasks.functions:FunctionTasks", FunctionsConfig,
      "Write f(x) from examples as Python; hidden tests (for reward=code)."),
+    ("subset_sum", "astraflow.tasks.subset_sum:SubsetSumTasks", SubsetSumConfig,
+     "Pick listed numbers that add up to a target (for reward=subset_sum)."),
     ("jsonl", "astraflow.tasks.files:JsonlTasks", FileTaskConfig,
      "Rows of local JSON Lines files (task.train_files, task.eval_files)."),
     ("parquet", "astraflow.tasks.columnar:ParquetTasks", ParquetTaskConfig,
@@ -53,6 +56,8 @@ REWARDS = [
      "The pattern's first group in the completion equals the answer."),
     ("python", "astraflow.rewards.python:PythonReward", PythonRewardConfig,
      "A function in your own file: reward.path=FILE reward.function=NAME."),
+    ("subset_sum", "astraflow.tasks.subset_sum:SubsetSumReward", SubsetSumRewardConfig,
+     "Listed numbers joined by + that add up to the task's target."),
     ("code", "astraflow.rewards.code:CodeReward", CodeRewardConfig,
      "Runs the completion's Python against the task's test cases in a sandbox."),
 ]

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.schema import setting
-from astraflow.types import Generation, Task, Trajectory
+from astraflow.types import Generation, RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder, without_stop
 from astraflow.workflows.latency import LatencyConfig
 
@@ -81,10 +81,19 @@ class SolveVerifyWorkflow(EnvWorkflow):
         rng = random.Random(seed)
         out = list(tasks)
         for task in tasks:
-            truth = int(task.answer or 0)
-            wrong = truth + rng.choice([-2, -1, 1, 2, 10, -10])
-            for shown, verdict in ((truth, ACCEPT), (wrong, REJECT)):
-                out.append(Task(f"{task.task_id}:{shown}", f"{task.prompt}{shown}:", verdict))
+            # a task may say what plausible wrong answers look like (task=subset_sum:
+            # listed numbers with another sum); otherwise the answer is a number, and a
+            # near miss is wrong
+            if "wrong" in task.metadata:
+                wrongs = [str(w) for w in task.metadata["wrong"]]
+            else:
+                wrongs = [str(int(task.answer or 0) + rng.choice([-2, -1, 1, 2, 10, -10]))]
+            truth = task.answer or ""
+            out.append(Task(f"{task.task_id}:{truth}", f"{task.prompt}{truth}:", ACCEPT))
+            if not wrongs:
+                continue
+            wrong = rng.choice(wrongs)
+            out.append(Task(f"{task.task_id}:{wrong}", f"{task.prompt}{wrong}:", REJECT))
             out.append(Task(f"{task.task_id}:{wrong}:retry",
                             f"{task.prompt}{wrong}:{REJECT}=", task.answer))
         return out
@@ -134,17 +143,24 @@ class SolveVerifyWorkflow(EnvWorkflow):
             final = await self.score(task, self._text(retry_gen))
             retry = again.build("solver", final.value,
                                 {**meta, EVAL: False, "retried": True}, final.outcome)
+        fixed = final.value > 0
         metrics = {"first_answer": float(first.value), "final_answer": float(final.value),
-                   "retried": float(retry is not None)}
+                   "retried": float(retry is not None),
+                   # what the retries did: a wrong answer made right, a right one lost
+                   "fixed": float(not right and fixed), "broke": float(right and not fixed)}
         outcome = first.outcome
         if not first.failed:
             outcome.metrics.update(metrics)
         first_traj = solver.build("solver", first.value, {**meta, "verdict": verdict}, outcome)
         # a verdict on an answer whose reward failed judged nothing: it fails too
+        # per class, so that a run shows the verifier's balanced accuracy: the mean of
+        # ``accept_right`` (on right answers) and ``reject_wrong`` (on wrong ones)
+        judged = RewardOutcome(metrics={"accept_right" if right else "reject_wrong":
+                                        float(judged_right)})
         verdict_traj = verifier.build(
             "verifier", float(judged_right),
             {**meta, "verdict": verdict, "answer_right": right},
-            first.outcome if first.failed else None)
+            first.outcome if first.failed else judged)
         return _Attempt(first_traj, verdict_traj, right, retry)
 
     def _verdicts(self, attempts: list[_Attempt]) -> list[Trajectory]:

@@ -38,7 +38,7 @@ def test_a_rejected_wrong_answer_gets_a_retry_that_alone_earns_the_fix(tiny_mode
     for traj in first:  # the solver's own answer, judged alone: wrong
         assert traj.reward == 0.0 and traj.group_id == "t1"
         assert traj.outcome.metrics == {"first_answer": 0.0, "final_answer": 1.0,
-                                                   "retried": 1.0}
+                                        "retried": 1.0, "fixed": 1.0, "broke": 0.0}
     for traj in retries:  # judged against the task's first answers
         assert traj.reward == 1.0 and traj.group_id == "t1"
         spans = texts(tok, traj)
@@ -67,6 +67,9 @@ def test_the_verifier_trains_only_on_groups_with_right_and_wrong_answers(tiny_mo
     verdicts = [t for t in trajs if t.policy == "verifier"]
     # the right answer wrongly rejected, three wrong ones rightly
     assert sorted(t.reward for t in verdicts) == [0.0, 1.0, 1.0, 1.0]
+    # per class, for the verifier's balanced accuracy
+    assert sorted(str(t.outcome.metrics) for t in verdicts) == [
+        "{'accept_right': 0.0}", *["{'reject_wrong': 1.0}"] * 3]
     assert sorted(t.metadata["answer_right"] for t in verdicts) == [False, False, False, True]
     for traj in verdicts:
         spans = texts(tok, traj)
@@ -95,3 +98,16 @@ def test_warmstart_covers_answers_verdicts_and_retries():
     assert prompts["1+2="] == "3" and prompts["1+2=3:"] == "y"
     wrong = [p for p, a in prompts.items() if a == "n"]
     assert len(wrong) == 1 and prompts[wrong[0].replace(":", ":n=")] == "3"
+
+
+def test_a_task_that_lists_wrong_answers_warm_starts_the_verifier_on_them():
+    tasks = [Task("s", "6,9,7,3 to 10=", "7+3", metadata={"wrong": ["6+7", "9+7"]}),
+             Task("only", "1,2 to 3=", "1+2", metadata={"wrong": []})]
+    examples = SolveVerifyWorkflow.warmstart_tasks(tasks)
+    prompts = {t.prompt: t.answer for t in examples}
+    rejected = [p for p, a in prompts.items() if a == "n"]
+    assert len(rejected) == 1 and rejected[0].removeprefix("6,9,7,3 to 10=") in ("6+7:", "9+7:")
+    assert prompts[rejected[0].replace(":", ":n=")] == "7+3"
+    # no wrong answer listed: the right one is shown, nothing is made up
+    assert prompts["1,2 to 3=1+2:"] == "y" and not any(p.startswith("1,2 to 3=") and a == "n"
+                                                     for p, a in prompts.items())
