@@ -135,7 +135,7 @@ class Evaluator:
                     await asyncio.sleep(0.2)
                 await take(0)
             else:  # the engines hold the start weights
-                backends.update(await start_engines(cfg, policies, engines))
+                backends.update(await start_engines(cfg, policies, engines, train=False))
                 self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
@@ -154,7 +154,7 @@ class Evaluator:
                     if kept:
                         log.info("training is done: scoring %d kept versions of %s",
                                  len(kept), self.policy)
-                        backends.update(await start_engines(cfg, policies, engines))
+                        backends.update(await start_engines(cfg, policies, engines, train=False))
                     for i, (version, weights) in enumerate(kept):
                         await score(version, weights)
                         later = {s.path for _, w in kept[i + 1:] for s in w.values()}

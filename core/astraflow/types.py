@@ -71,6 +71,39 @@ class RewardOutcome:
 
 
 @dataclass
+class RoutedExperts:
+    """The experts each mixture-of-experts layer routed each position of a sequence to
+    (router replay): ``experts`` is a little-endian array of shape ``[positions, layers,
+    top_k]``, ``uint8`` or, when ``wide``, ``uint16`` (a model of more than 255
+    experts), holding :data:`NOT_ROUTED` at a position no engine routed (the last
+    token, context added after the last generation). :mod:`astraflow.routing` reads and
+    builds it."""
+
+    layers: int
+    top_k: int
+    experts: bytes
+    wide: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.wide else 1
+
+    @property
+    def positions(self) -> int:
+        return len(self.experts) // (self.layers * self.top_k * self.itemsize)
+
+    def head(self, positions: int) -> RoutedExperts:
+        """The first ``positions`` positions."""
+        size = self.layers * self.top_k * self.itemsize
+        return RoutedExperts(self.layers, self.top_k, self.experts[: positions * size],
+                             self.wide)
+
+
+#: the entry of a position no engine routed (per width)
+NOT_ROUTED = {False: 0xFF, True: 0xFFFF}
+
+
+@dataclass
 class Trajectory:
     """One sequence trained by one policy.
 
@@ -90,9 +123,13 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     #: how the reward went: failed (and why), extra metrics
     outcome: RewardOutcome = field(default_factory=RewardOutcome)
+    #: the experts the engine routed each token to (``trainer.router_replay``), or None
+    routed_experts: RoutedExperts | None = None
 
     def __post_init__(self) -> None:
         self.spans = [s if isinstance(s, Span) else Span(**s) for s in self.spans]
+        if isinstance(self.routed_experts, dict):
+            self.routed_experts = RoutedExperts(**self.routed_experts)
         if isinstance(self.outcome, dict):
             self.outcome = RewardOutcome(**self.outcome)
         told = self.outcome
@@ -126,6 +163,12 @@ class Trajectory:
             pos = span.end
         if pos != n:
             raise ValueError(f"spans cover {pos} tokens, tokens has {n}")
+        routed = self.routed_experts
+        if routed is not None and (routed.positions != n or len(routed.experts) != n * (
+                routed.layers * routed.top_k * routed.itemsize)):
+            raise ValueError(f"routed_experts has {len(routed.experts)} bytes, not "
+                             f"{n} tokens x {routed.layers} layers x {routed.top_k} experts"
+                             f" x {routed.itemsize}")
 
 
 @dataclass
@@ -183,6 +226,10 @@ class Generation:
     #: (a partial rollout: the tokens before the load came from ``version``, the rest from
     #: newer ones); None: every token is ``version``'s
     token_versions: list[int] | None = None
+    #: with router replay on an engine that records it: the experts of every position
+    #: of the prompt and of the generated tokens (the prompt's length is its positions
+    #: less ``len(token_ids)``); None: not recorded
+    routed_experts: RoutedExperts | None = None
 
     def versions(self) -> list[int]:
         """The weight version that sampled each token."""
@@ -193,5 +240,9 @@ class Generation:
     def head(self, end: int, finish_reason: str | None = None) -> Generation:
         """The first ``end`` tokens, with their log-probs and versions."""
         versions = None if self.token_versions is None else list(self.token_versions[:end])
+        routed = self.routed_experts
+        if routed is not None:
+            routed = routed.head(routed.positions - len(self.token_ids) + min(
+                max(end, 0), len(self.token_ids)))
         return Generation(list(self.token_ids[:end]), list(self.logprobs[:end]),
-                          finish_reason or self.finish_reason, self.version, versions)
+                          finish_reason or self.finish_reason, self.version, versions, routed)

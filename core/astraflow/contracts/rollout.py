@@ -32,6 +32,9 @@ class RolloutBackend(ABC):
     #: whether ``swap_weights`` loads new weights under generations in flight (partial
     #: rollouts); the default ``swap_weights`` waits for them to finish instead
     supports_partial_rollouts: bool = False
+    #: whether the engine can record the experts each MoE layer routed every position to
+    #: (``record_routing``; router replay)
+    supports_router_replay: bool = False
 
     def __init__(self, config: Any, model_path: str) -> None:
         self.check_config(config)
@@ -40,6 +43,11 @@ class RolloutBackend(ABC):
         self.version = 0
         #: adapter name -> the version it holds (an engine serving adapters)
         self.adapter_versions: dict[str, int] = {}
+
+    def record_routing(self) -> None:
+        """Before ``start``: every :class:`~astraflow.types.Generation` carries
+        ``routed_experts`` for its prompt and its tokens (``trainer.router_replay``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot record routed experts")
 
     def configure_adapters(self, max_rank: int, names: list[str]) -> None:
         """Before ``start``: the engine will serve LoRA adapters of rank up to

@@ -18,7 +18,16 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBytes, ValidationError
 
-from astraflow.types import Batch, RewardOutcome, Span, Task, TrainItem, Trajectory
+from astraflow.types import (
+    NOT_ROUTED,
+    Batch,
+    RewardOutcome,
+    RoutedExperts,
+    Span,
+    Task,
+    TrainItem,
+    Trajectory,
+)
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -102,6 +111,17 @@ class OutcomeIn(_Model):
     metrics: dict[Name, float] = Field(default_factory=dict, max_length=256)
 
 
+class RoutedExpertsIn(_Model):
+    """The experts each MoE layer routed each token to (router replay): ``experts`` is
+    ``[tokens, layers, top_k]`` as a binary blob (uint8, or little-endian uint16 when
+    ``wide``; msgpack) or a list (JSON), 255 (65535) where nobody routed the token."""
+
+    layers: int = Field(ge=1, le=1024)
+    top_k: int = Field(ge=1, le=256)
+    experts: IntArray
+    wide: bool = False
+
+
 class TrajectoryIn(_Model):
     """A trajectory on the wire: arrays as lists (JSON) or binary blobs (msgpack)."""
 
@@ -118,6 +138,8 @@ class TrajectoryIn(_Model):
     #: absent: the reward did not fail and returned no extra metrics, unless the
     #: metadata tells otherwise the way it did before 1.2
     outcome: OutcomeIn | None = None
+    #: with router replay: the experts the engine routed each token to
+    routed_experts: RoutedExpertsIn | None = None
 
 
 class MoreLeases(_Model):
@@ -289,12 +311,13 @@ class CheckedTrajectory:
     metadata: dict[str, Any]
     outcome: RewardOutcome
     min_version: int
+    routed_experts: RoutedExperts | None = None
 
     def record(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """The trajectory in its one encoded form (:func:`record`)."""
         return record(self.task_id, self.group_id, self.policy, self.blobs, self.spans,
                       self.reward, self.metadata if metadata is None else metadata,
-                      self.outcome)
+                      self.outcome, self.routed_experts)
 
     def payload(self, advantage: float, metadata: dict[str, Any]) -> bytes:
         """The stored (and served) form: the record, with its advantage, as msgpack."""
@@ -343,9 +366,33 @@ def check_trajectories(trajectories: list[TrajectoryIn]) -> list[CheckedTrajecto
     min_versions = _min_versions(trained, versions, offsets, lengths)
     return [
         CheckedTrajectory(t.task_id, t.group_id, t.policy, wire, tiled, float(t.reward),
-                          t.metadata, _outcome(t), low)
-        for t, wire, tiled, low in zip(trajectories, blobs, spans, min_versions, strict=True)
+                          t.metadata, _outcome(t), low,
+                          None if t.routed_experts is None
+                          else _routed(i, t.routed_experts, n))
+        for i, (t, wire, tiled, low, n) in enumerate(zip(
+            trajectories, blobs, spans, min_versions, lengths, strict=True))
     ]
+
+
+def _routed(i: int, routed: RoutedExpertsIn, tokens: int) -> RoutedExperts:
+    """Trajectory ``i``'s routed experts in their stored form: one entry per token,
+    layer and choice."""
+    width = 2 if routed.wide else 1
+    want = tokens * routed.layers * routed.top_k
+    where = f"trajectories.{i}.routed_experts.experts"
+    if isinstance(routed.experts, bytes):
+        if len(routed.experts) != want * width:
+            raise PayloadError(f"{where}: {len(routed.experts)} bytes, expected {tokens} "
+                               f"tokens x {routed.layers} layers x {routed.top_k} x {width}")
+        return RoutedExperts(routed.layers, routed.top_k, routed.experts, routed.wide)
+    if len(routed.experts) != want:
+        raise PayloadError(f"{where}: {len(routed.experts)} entries, expected {tokens} tokens "
+                           f"x {routed.layers} layers x {routed.top_k}")
+    arr = np.asarray(routed.experts, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() > NOT_ROUTED[routed.wide]):
+        raise PayloadError(f"{where}: entries must be in [0, {NOT_ROUTED[routed.wide]}]")
+    dtype = np.dtype("<u2" if routed.wide else "u1")
+    return RoutedExperts(routed.layers, routed.top_k, arr.astype(dtype).tobytes(), routed.wide)
 
 
 def _outcome(t: TrajectoryIn) -> RewardOutcome:
@@ -446,7 +493,7 @@ class Lease:
 
 def record(task_id: str, group_id: str, policy: str, arrays: dict[str, bytes],
            spans: list[dict[str, Any]], reward: float, metadata: dict[str, Any],
-           outcome: RewardOutcome) -> dict[str, Any]:
+           outcome: RewardOutcome, routed: RoutedExperts | None = None) -> dict[str, Any]:
     """A trajectory as the node submits it, the data layer stores and serves it and the
     trainer reads it: a map with its token arrays as little-endian binary blobs. The
     outcome goes only when it says something (a stored payload of 1.1 has none)."""
@@ -455,6 +502,9 @@ def record(task_id: str, group_id: str, policy: str, arrays: dict[str, bytes],
     if outcome.failed or outcome.reason is not None or outcome.metrics:
         out["outcome"] = {"failed": outcome.failed, "reason": outcome.reason,
                           "metrics": outcome.metrics}
+    if routed is not None:  # router replay only
+        out["routed_experts"] = {"layers": routed.layers, "top_k": routed.top_k,
+                                 "experts": routed.experts, "wide": routed.wide}
     return out
 
 
@@ -465,7 +515,7 @@ def encode_trajectory(t: Trajectory) -> dict[str, Any]:
         {k: np.asarray(getattr(t, k), dtype=DTYPES[k]).tobytes() for k in ARRAYS},
         [{"start": s.start, "end": s.end, "source": s.source, "version": s.version}
          for s in t.spans],
-        t.reward, t.metadata, t.outcome)
+        t.reward, t.metadata, t.outcome, t.routed_experts)
 
 
 def decode_trajectory(data: dict[str, Any]) -> Trajectory:
@@ -475,6 +525,10 @@ def decode_trajectory(data: dict[str, Any]) -> Trajectory:
         for k, v in ((k, data[k]) for k in ARRAYS)
     }
     outcome = data.get("outcome")
+    routed = data.get("routed_experts")
+    if routed is not None and not isinstance(routed["experts"], bytes):  # from JSON
+        dtype = np.dtype("<u2" if routed.get("wide") else "u1")
+        routed = {**routed, "experts": np.asarray(routed["experts"], dtype).tobytes()}
     return Trajectory(
         task_id=data["task_id"],
         group_id=data["group_id"],
@@ -484,6 +538,7 @@ def decode_trajectory(data: dict[str, Any]) -> Trajectory:
         reward=data["reward"],
         metadata=data["metadata"],
         outcome=RewardOutcome(**outcome) if outcome else RewardOutcome(),
+        routed_experts=RoutedExperts(**routed) if routed else None,
     )
 
 
@@ -498,9 +553,15 @@ def reward_failed(data: dict[str, Any]) -> bool:
 
 def jsonable_item(data: dict[str, Any]) -> dict[str, Any]:
     """A stored trajectory payload with its binary arrays as lists (for JSON replies)."""
-    return {
+    out = {
         k: np.frombuffer(v, DTYPES[k]).tolist() if k in DTYPES else v for k, v in data.items()
     }
+    routed = out.get("routed_experts")
+    if routed is not None and isinstance(routed.get("experts"), bytes):
+        dtype = np.dtype("<u2" if routed.get("wide") else "u1")
+        out["routed_experts"] = {**routed,
+                                 "experts": np.frombuffer(routed["experts"], dtype).tolist()}
+    return out
 
 
 def batch_to_wire(batch: Batch) -> dict[str, Any]:

@@ -49,6 +49,11 @@ def check_backends(cfg: DictConfig) -> None:
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
                           "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+    if cfg.trainer.get("router_replay") and not getattr(
+            registry.get("rollout_backend", cfg.raas.name).load(), "supports_router_replay",
+            False):
+        raise ConfigError(f"trainer.router_replay=true: raas={cfg.raas.name} does not record "
+                          "the experts it routes each token to; use raas=hf")
 
 
 def _judge(check: Callable[..., Any], conf: Any, model_path: str | None) -> None:

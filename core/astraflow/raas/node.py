@@ -143,15 +143,20 @@ class ServedPolicy:
             await self.backend.resume()
 
 
-async def start_engines(cfg: DictConfig, policies: list[str], engines: list[RolloutBackend]
-                        ) -> dict[str, ServedPolicy]:
+async def start_engines(cfg: DictConfig, policies: list[str], engines: list[RolloutBackend],
+                        train: bool = True) -> dict[str, ServedPolicy]:
     """Start the engines that serve ``policies`` (appended to ``engines`` as they start,
     so a failure can shut down what started): one per policy, or in a LoRA run one for
-    all, each policy an adapter of ``model.path``."""
+    all, each policy an adapter of ``model.path``. ``train``: what they generate is
+    trained on (an evaluator's is not: it records no routing for router replay)."""
     entry = get_registry().get("rollout_backend", cfg.raas.name)
     rank = lora_rank(cfg.trainer)
+    # the trainer replays the engine's routing: every generation carries it
+    replay = train and bool(cfg.trainer.get("router_replay", False))
     if rank:
         engine = entry.create(cfg.raas, cfg.model.path)
+        if replay:
+            engine.record_routing()
         engine.configure_adapters(rank, policies)
         engines.append(engine)
         await engine.start()
@@ -161,6 +166,8 @@ async def start_engines(cfg: DictConfig, policies: list[str], engines: list[Roll
     served = {}
     for policy in policies:
         engine = entry.create(cfg.raas, cfg.model.path)
+        if replay:
+            engine.record_routing()
         engines.append(engine)
         await engine.start()
         served[policy] = ServedPolicy(policy, engine, adapter=False)

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omegaconf import DictConfig
 
 from astraflow.contracts import PolicyHandle, Workflow
-from astraflow.types import PROMPT, Generation, RewardOutcome, Span, Task, Trajectory
+from astraflow.types import (
+    PROMPT,
+    Generation,
+    RewardOutcome,
+    RoutedExperts,
+    Span,
+    Task,
+    Trajectory,
+)
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 if TYPE_CHECKING:
@@ -35,6 +43,9 @@ class TrajectoryBuilder:
         self.versions: list[int] = []
         self.sources: list[str] = []
         self.spans: list[Span] = []
+        #: per policy, the routed experts of its latest generation (router replay): they
+        #: cover the tokens that generation was given and the ones it generated
+        self.routed: dict[str, RoutedExperts] = {}
 
     def _extend(self, ids: list[int], source: str, logprobs: list[float], version: int,
                 versions: list[int] | None = None) -> None:
@@ -56,14 +67,22 @@ class TrajectoryBuilder:
             raise ValueError("a generation needs one log-prob per token")
         # a partial rollout's tokens carry the versions that sampled each; the span keeps
         # the oldest, from which staleness is counted
+        start = len(self.tokens)
         self._extend(list(generation.token_ids), policy, list(generation.logprobs),
                      generation.version, generation.versions())
+        routed = generation.routed_experts
+        # a turn of another policy's shown here was routed by that policy's model: only
+        # a generation given exactly these tokens as its context is this sequence's routing
+        if routed is not None and routed.positions == len(self.tokens) and start == (
+                routed.positions - len(generation.token_ids)):
+            self.routed[policy] = routed
 
     def copy(self) -> TrajectoryBuilder:
         other = TrajectoryBuilder(self.task_id, self.group_id)
         other.tokens, other.logprobs = list(self.tokens), list(self.logprobs)
         other.versions, other.sources = list(self.versions), list(self.sources)
         other.spans = [Span(s.start, s.end, s.source, s.version) for s in self.spans]
+        other.routed = dict(self.routed)
         return other
 
     def build(
@@ -85,7 +104,18 @@ class TrajectoryBuilder:
             reward=float(reward),
             metadata=dict(metadata or {}),
             outcome=outcome or RewardOutcome(),
+            routed_experts=self._routed(policy),
         )
+
+    def _routed(self, policy: str) -> RoutedExperts | None:
+        """``policy``'s latest routing, over every token (the ones added after it are
+        its own router's to choose in the trainer)."""
+        routed = self.routed.get(policy)
+        if routed is None:
+            return None
+        from astraflow.routing import extend
+
+        return extend(routed, len(self.tokens))
 
 
 def without_stop(gen: Generation, stop_token_ids: list[int]) -> Generation:

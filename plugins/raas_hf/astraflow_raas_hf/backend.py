@@ -29,8 +29,10 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from astraflow.contracts import RolloutBackend
 from astraflow.models import hf_layout
+from astraflow.models.router_replay import Recorder
 from astraflow.raas.pausable import Pausable
-from astraflow.types import Generation, GenerationRequest
+from astraflow.routing import from_array
+from astraflow.types import Generation, GenerationRequest, RoutedExperts
 from astraflow_raas_hf import check_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -80,6 +82,7 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 class HFRolloutBackend(Pausable, RolloutBackend):
     supports_adapters = True
     supports_partial_rollouts = True
+    supports_router_replay = True
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -102,6 +105,12 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self.decode_steps = 0
         self._swap_lock = threading.Lock()
         self._switches: list[tuple[int, int]] = []
+        #: router replay: records the experts every MoE layer routed each position to
+        self._record_routing = False
+        self._recorder: Recorder | None = None
+
+    def record_routing(self) -> None:
+        self._record_routing = True
 
     def configure_adapters(self, max_rank: int, names: list[str]) -> None:
         try:
@@ -114,6 +123,11 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         loop = asyncio.get_running_loop()
         self.model = await loop.run_in_executor(self._executor, self._load)
         self._tied = tied_names(self.model)
+        if self._record_routing:
+            self._recorder = Recorder(self.model)
+            if not self._recorder.routers:
+                raise ValueError(f"trainer.router_replay=true: {self.model_path} has no "
+                                 "mixture-of-experts router to record")
         self._queue = asyncio.Queue()
         self._open.set()
         self._idle.set()
@@ -215,22 +229,14 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self._switches = []
         # whole-weight swaps happen between decode steps; an adapter's load waits instead
         swaps = [] if first.adapter else [_SwapAtStep(self, width)]
-        cache = self._prefill(model, rows, input_ids, attention)
-        generated = model.generate(
-            past_key_values=cache,
-            logits_processor=LogitsProcessorList(swaps),
-            input_ids=input_ids.to(model.device),
-            attention_mask=attention.to(model.device),
-            do_sample=not greedy,
-            temperature=None if greedy else first.temperature,
-            top_p=None if greedy else first.top_p,
-            top_k=None,
-            max_new_tokens=max(r.max_new_tokens for r in rows),
-            eos_token_id=stop or None,
-            pad_token_id=pad,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+        recorder = self._recorder
+        # recorded routing covers every position of every row: no shared prefill pass
+        cache = None if recorder else self._prefill(model, rows, input_ids, attention)
+        recording = recorder.recording() if recorder else contextlib.nullcontext()
+        with recording:
+            generated = self._run_generate(model, cache, swaps, input_ids, attention, rows,
+                                           greedy, stop, pad)
+        routed = self._routed(recorder, rows, width) if recorder else None
         new_tokens = generated.sequences[:, width:]
         logits = torch.stack(generated.logits, dim=1).float()
         if not greedy:
@@ -251,8 +257,48 @@ class HFRolloutBackend(Pausable, RolloutBackend):
                 for start, new in self._switches:
                     versions[start:] = [new] * max(0, len(ids) - start)
             out.append(Generation(ids, chosen[row, : len(ids)].tolist(), reason, version,
-                                  versions))
+                                  versions, None if routed is None else routed(row, len(ids))))
         return out
+
+    def _run_generate(self, model: Any, cache: Any, swaps: list, input_ids: torch.Tensor,
+                      attention: torch.Tensor, rows: list[GenerationRequest], greedy: bool,
+                      stop: list[int], pad: int) -> Any:
+        first = rows[0]
+        return model.generate(
+            past_key_values=cache,
+            logits_processor=LogitsProcessorList(swaps),
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention.to(model.device),
+            do_sample=not greedy,
+            temperature=None if greedy else first.temperature,
+            top_p=None if greedy else first.top_p,
+            top_k=None,
+            max_new_tokens=max(r.max_new_tokens for r in rows),
+            eos_token_id=stop or None,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+    @staticmethod
+    def _routed(recorder: Recorder, rows: list[GenerationRequest], width: int) -> Any:
+        """``routed(row, tokens)``: the row's routed experts over its prompt and its
+        ``tokens`` generated tokens. ``generate``'s first call ran the left-padded
+        prompts, each later call one token a row; the last token was never run."""
+        prompt = recorder.stacked(0, (len(rows), width))  # [rows, width, layers, k]
+        steps = [recorder.stacked(c, (len(rows), 1)) for c in range(1, len(recorder.calls))]
+        later = torch.cat(steps, dim=1) if steps else prompt[:, :0]
+
+        def routed(row: int, tokens: int) -> RoutedExperts:
+            length = len(rows[row].prompt_ids)
+            parts = [prompt[row, width - length:], later[row, :tokens]]
+            missing = tokens - later.shape[1]
+            if missing > 0:  # the tokens no call ran
+                parts.append(torch.full((missing, *prompt.shape[2:]), -1, dtype=torch.int64))
+            return from_array(torch.cat(parts).numpy(), getattr(
+                recorder.routers[0], "num_experts", None))
+
+        return routed
 
     def _prefill(self, model: Any, rows: list[GenerationRequest], input_ids: torch.Tensor,
                  attention: torch.Tensor) -> Any:

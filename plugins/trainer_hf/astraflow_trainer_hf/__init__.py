@@ -36,6 +36,16 @@ class HFConfig(PolicyGradientOptions):
     micro-batch is checked against the plain pass, and a model whose cache does not
     reproduce it trains without sharing. Off under ``activation_checkpointing``
     (transformers drops the cache there) and with ``world_size`` > 1.
+
+    ``router_replay`` (mixture-of-experts models): the rollout engine records the
+    experts every MoE layer routed each token to, and the trainer's forward sends each
+    token to the same ones, weighted by its own router's probabilities (so the router
+    still trains); see :mod:`astraflow.models.router_replay`. It needs an engine that
+    records them (``raas=hf``) and one process (``world_size`` 1); the prompt is then
+    not shared (``shared_prefix`` is off). A step on trajectories that carry routing
+    logs ``routing_mismatch``, the fraction of (token, layer) pairs whose experts the
+    trainer's own router would have chosen otherwise, and ``routing_difference``, the
+    fraction its forward did route otherwise (0 with replay).
     """
 
     name: str = "hf"
@@ -45,18 +55,38 @@ class HFConfig(PolicyGradientOptions):
     cpu_offload: bool = False
     reshard_after_forward: bool = True
     shared_prefix: bool = True
+    router_replay: bool = False
 
 
-def check_config(config) -> None:
+#: what a ``config.json`` of a mixture-of-experts model counts its experts by
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def check_config(config, model_path: str | None = None) -> None:
     """``trainer=hf``'s settings judged without importing torch (the launcher's
-    pre-flight and the backend both call it)."""
+    pre-flight and the backend both call it); with ``model_path``, against the
+    checkpoint too."""
     check_policy_gradient(config)
+    if config.router_replay and model_path:
+        import json
+        from pathlib import Path
+
+        file = Path(model_path) / "config.json"
+        model = json.loads(file.read_text()) if file.is_file() else {}
+        text = model.get("text_config") or model
+        if not any(text.get(key) for key in EXPERT_KEYS):
+            raise ValueError(f"trainer.router_replay=true: {model_path} is not a "
+                             "mixture-of-experts model (its config.json counts no experts); "
+                             "there is no routing to replay")
     dp, tp, pp = parallel_sizes(config)
     if tp != 1 or pp != 1:
         raise ValueError(
             f"trainer.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: "
             "trainer=hf shards by data parallelism (FSDP2) only; use trainer=megatron "
             "for tensor parallelism")
+    if config.router_replay and dp != 1:
+        raise ValueError(f"trainer.router_replay=true: replays routing in one process; "
+                         f"trainer.world_size={dp} is not supported with it yet")
     if config.cpu_offload and dp == 1:
         raise ValueError("trainer.cpu_offload=true offloads FSDP2 shards: it needs "
                          "trainer.world_size > 1")

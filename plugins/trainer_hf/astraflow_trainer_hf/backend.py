@@ -17,6 +17,7 @@ is pickled, so a checkpoint can be loaded from an untrusted directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import warnings
@@ -37,6 +38,7 @@ from transformers import AutoModelForCausalLM
 
 from astraflow.lora import adapter_key, check_targets
 from astraflow.models import hf_layout
+from astraflow.models.router_replay import Replay, routers
 from astraflow.rl import shared_prefix as share
 from astraflow.rl.losses import token_logprobs
 from astraflow.rl.options import lora_targets
@@ -117,8 +119,13 @@ class HFTrainerBackend(PolicyGradientBackend):
         # the prefix pass's cache is dropped under checkpointing; ranks would disagree
         # on which micro-batches share (and so on the collectives each runs)
         self.shared_prefix = (config.shared_prefix and not config.activation_checkpointing
-                              and not self.sharded)
+                              and not self.sharded and not config.router_replay)
         self._prefix_checked = False
+        #: counts how often this model routes otherwise than the engine did, and with
+        #: ``router_replay`` routes as the engine did; None: no MoE router
+        self.replay: Replay | None = None
+        if config.router_replay or routers(self.model):
+            self.replay = Replay(self.model)  # refuses a model without routers
 
     def _param_groups(self) -> list[dict[str, Any]]:
         """Only what trains has moments: with LoRA, the adapters alone, the B matrices
@@ -209,7 +216,18 @@ class HFTrainerBackend(PolicyGradientBackend):
         if micro.prefix is not None and self.shared_prefix and not self._prefix_checked:
             self._prefix_checked = True
             self._check_shared_prefix(model, micro)
-        return super()._token_stats(model, micro, entropy)
+        if self.replay is None or micro.routing is None or model is not self.model:
+            return super()._token_stats(model, micro, entropy)
+        # routing is per token of the whole sequence: one plain pass, prompts unshared
+        with self.replay.routing(micro.routing, replay=self.config.router_replay):
+            return super()._token_stats(model, dataclasses.replace(micro, prefix=None),
+                                        entropy)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        metrics = super().train_step(batch)
+        if self.replay is not None:
+            metrics.update(self.replay.take())
+        return metrics
 
     def _check_shared_prefix(self, model: Any, micro: MicroBatch) -> None:
         """Sharing stays on only if this model's cached-prefix passes give the plain

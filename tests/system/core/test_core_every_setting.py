@@ -69,6 +69,7 @@ SKIPPED = {
                        "workflow.advertise_host"],
     "task=arithmetic": ["task.name"],
     "task=functions": ["task.name"],
+    "task=subset_sum": ["task.name"],
     **{f"task={name}": ["task.name", "task.train_files", "task.eval_files", "task.prompt_key",
                         "task.answer_key", "task.id_key", "task.task_type_key",
                         "task.system_prompt", "task.tokenizer"]
@@ -82,6 +83,7 @@ SKIPPED = {
     "reward=regex": ["reward.name", "reward.pattern", "reward.flags"],
     "reward=python": ["reward.name", "reward.path", "reward.function"],
     "reward=code": ["reward.name"],
+    "reward=subset_sum": ["reward.name"],
     "logger=[tensorboard]": ["logger.tensorboard.dir"],
     "logger=[mlflow]": ["logger.mlflow.tracking_uri", "logger.mlflow.experiment",
                         "logger.mlflow.run_name"],
