@@ -10,71 +10,14 @@ tokens."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from chat_rows import problems, write_jsonl
-from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
 
-from astraflow.plugins import get_registry
 from astraflow.testing import launch_run, run_summary
-from astraflow.testing.rollout import LoopThread
-from astraflow.text import load_tokenizer
-from astraflow.types import Batch, GenerationRequest, TrainItem
-from astraflow.workflows.builder import TrajectoryBuilder
-
-PROMPTS = tuple(f"What is {a} plus {b}?" for a, b in [(3, 4), (12, 9), (7, 7), (20, 1),
-                                                       (5, 16), (8, 2)])
-
-
-def close_router_copy(model_dir: str, out: Path, scale: float = 0.05) -> str:
-    """``model_dir`` with every router's weights scaled down: its experts score closely."""
-    shutil.copytree(model_dir, out)
-    state = load_file(str(out / "model.safetensors"))
-    state = {k: v * scale if k.endswith("mlp.gate.weight") else v for k, v in state.items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return str(out)
-
-
-def sampled(model_dir: str, dtype: str = "bfloat16", record: bool = True) -> list[TrainItem]:
-    entry = get_registry().get("rollout_backend", "hf")
-    config = OmegaConf.structured(entry.config_cls)
-    config.dtype = dtype
-    engine = entry.create(config, model_dir)
-    if record:
-        engine.record_routing()
-    loop = LoopThread()
-    loop.run(engine.start())
-    tok = load_tokenizer(model_dir)
-    items = []
-    try:
-        for seed, text in enumerate(PROMPTS):
-            prompt = tok.encode_prompt(text)
-            request = GenerationRequest(prompt, max_new_tokens=16, n=4, seed=seed,
-                                        stop_token_ids=tok.stop_token_ids)
-            for gen in loop.run(engine.generate(request)):
-                builder = TrajectoryBuilder(text, text)
-                builder.add_context(prompt)
-                builder.add_generation("policy", gen)
-                traj = builder.build("policy", 1.0)
-                traj.validate()
-                items.append(TrainItem(traj, 1.0))
-    finally:
-        loop.run(engine.shutdown())
-        loop.close()
-    return items
-
-
-def step(model_dir: str, items: list[TrainItem], replay: bool) -> dict[str, float]:
-    entry = get_registry().get("trainer_backend", "hf")
-    config = OmegaConf.structured(entry.config_cls)
-    config.router_replay = replay
-    backend = entry.create(config, model_dir)
-    return backend.train_step(Batch("b", "policy", items, trainer_version=0))
+from astraflow.testing.moe import close_router_copy, sampled, step
 
 
 def test_replay_routes_the_trainer_as_the_engine_did(tmp_path, moe_model_dir):
