@@ -7,10 +7,12 @@ checking one is a short chain of additions and a comparison. The default shape (
 numbers of 1..5, three of them to pick) is the one where the tiny model, warm-started
 for ``solve_verify``, checks far better than it finds (held-out, greedy: answers 0.77
 right, verdicts 0.92 balanced accuracy); with two numbers of 1..9 to pick it finds
-(0.89) but cannot check (0.55), with numbers up to 9 and three to pick it does neither. Every target is the sum of
-``pick`` of the numbers and none of the numbers alone, so an answer always adds at least
-two; any subset that sums to the target is right, not only the one the task was built
-from. Use it with ``reward=subset_sum``, which checks exactly that.
+(0.89) but cannot check (0.55), with numbers up to 9 and three to pick it does neither.
+
+Every target is the sum of ``pick`` of the numbers and none of the numbers alone, so an
+answer always adds at least two; any subset that sums to the target is right, not only
+the one the task was built from. Use it with ``reward=subset_sum``, which checks exactly
+that.
 
 Each task carries its ``numbers`` and ``target`` in its metadata (for the reward) and a
 few plausible ``wrong`` answers -- listed numbers with another sum -- that workflows which
