@@ -52,13 +52,19 @@ def _group(lease, tokens: int = 1500):
     return trajs
 
 
-def _refused(call) -> DataflowError:
-    with pytest.raises(DataflowError) as refused:
+def _says_disk_full(refused: DataflowError) -> None:
+    assert refused.status == 507, refused
+    assert "disk full" in str(refused) and "retry once space returns" in str(refused)
+
+
+def _refused_or_done(call) -> bool:
+    """True if ``call`` went through; False if it was refused, as a full disk."""
+    try:
         call()
-    assert refused.value.status == 507, refused.value
-    assert "disk full" in str(refused.value) and "retry once space returns" in str(
-        refused.value)
-    return refused.value
+    except DataflowError as refused:
+        _says_disk_full(refused)
+        return False
+    return True
 
 
 def test_a_full_disk_refuses_writes_loses_nothing_and_the_run_goes_on(small_disk):
@@ -87,17 +93,18 @@ def test_a_full_disk_refuses_writes_loses_nothing_and_the_run_goes_on(small_disk
         assert refused is not None, "the disk never filled"
         lease, trajs, exc = refused
         assert exc.status == 507 and "disk full" in str(exc), exc
-        # the last bytes taken too: every write is refused alike; reading goes on
+        # the last bytes taken too: a write that needs new space is refused alike, one
+        # SQLite makes in the pages its write-ahead log already holds (it reuses them
+        # after a checkpoint) goes through -- either way it is said, never lost
         _fill(small_disk, leave=0)
-        _refused(lambda: c.ack_batch(held.batch_id))
-        _refused(lambda: c.announce_version("policy", 1))
-        status = c.status()
-        assert status["versions"]["policy"] == 0
+        acked = _refused_or_done(lambda: c.ack_batch(held.batch_id))
+        announced = _refused_or_done(lambda: c.announce_version("policy", 1))
+        assert c.status()["versions"]["policy"] == (1 if announced else 0)  # reading goes on
 
         ballast.unlink()  # space returns: the same requests go through
         assert c.submit(lease, trajs)["status"] == "accepted"
         accepted |= {t.metadata["sample"] for t in trajs}
-        assert c.ack_batch(held.batch_id)["status"] == "acked"
+        assert c.ack_batch(held.batch_id)["status"] == ("duplicate" if acked else "acked")
         assert c.announce_version("policy", 1)["version"] == 1
         c.close()
 
