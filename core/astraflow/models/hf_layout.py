@@ -16,9 +16,11 @@ Imported by the torch plugins only (the core stays torch-free).
 from __future__ import annotations
 
 from copy import deepcopy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 
 def _conversions(model: Any) -> list[Any]:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is the plugins' to import: the core imports without it
+    import torch
+    from torch import nn
 
 
 def routers(model: nn.Module) -> list[nn.Module]:
@@ -35,6 +36,8 @@ def routers(model: nn.Module) -> list[nn.Module]:
 
 
 def _indices(output: Any) -> torch.Tensor:
+    import torch
+
     if (not isinstance(output, tuple) or len(output) != 3
             or output[2].dtype not in (torch.int64, torch.int32)):
         raise TypeError("router replay expects a router returning (logits, scores, "
@@ -59,6 +62,8 @@ class Recorder:
         self.calls = []
         layer_of = {id(r): i for i, r in enumerate(self.routers)}
 
+        import torch
+
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             layer = layer_of[id(module)]
             if layer == 0:
@@ -75,12 +80,16 @@ class Recorder:
 
     def stacked(self, call: int, shape: tuple[int, int]) -> torch.Tensor:
         """Forward ``call``'s choices as ``[batch, sequence, layers, top_k]``."""
+        import torch
+
         layers = self.calls[call]
         return torch.stack(layers, dim=1).reshape(*shape, len(layers), layers[0].shape[-1])
 
 
 def _recipes(logits: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
     """The scores of experts ``chosen`` by each way routers weigh them."""
+    import torch
+
     probs = torch.softmax(logits.float(), dim=-1).gather(-1, chosen)
     return {
         "softmax": probs,
@@ -106,6 +115,8 @@ class Replay:
 
     def _weigh(self, module: nn.Module, logits: torch.Tensor, own: torch.Tensor,
                scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        import torch
+
         kind = type(module)
         if kind not in self._recipe:
             with torch.no_grad():
@@ -134,6 +145,7 @@ class Replay:
             raise ValueError(f"router replay: the trajectories carry {want.shape[2]} MoE "
                              f"layers' routing, the model has {len(self.routers)}")
         flat = want.reshape(-1, want.shape[2], want.shape[3])
+        import torch
 
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
             logits, scores, own = output
