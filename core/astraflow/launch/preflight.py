@@ -49,6 +49,10 @@ def check_backends(cfg: DictConfig) -> None:
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
                           "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+    if cfg.trainer.get("router_replay") and not cfg.model.path:
+        raise ConfigError("trainer.router_replay=true: the built-in tiny model has no "
+                          "mixture-of-experts layer to replay; give model.path=<an MoE "
+                          "checkpoint>")
     if cfg.trainer.get("router_replay") and not getattr(
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_router_replay",
             False):

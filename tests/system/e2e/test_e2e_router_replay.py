@@ -84,6 +84,9 @@ def test_router_replay_is_refused_where_nothing_can_be_replayed(tmp_path, moe_mo
         assert not (tmp_path / "run").exists()  # before anything started
         return proc.stderr.strip().splitlines()[-1]
 
+    said = refused()  # the built-in tiny model
+    assert said == ("astraflow: error: trainer.router_replay=true: the built-in tiny model has "
+                    "no mixture-of-experts layer to replay; give model.path=<an MoE checkpoint>")
     said = refused(f"model.path={chat_model_dir}")
     assert said == (f"astraflow: error: trainer.router_replay=true: {chat_model_dir} is not a "
                     "mixture-of-experts model (its config.json counts no experts); there is "
