@@ -25,7 +25,16 @@ call, where per-call overhead shows most), 64 and 256 (agent turns). Engines:
 Target: gateway/handle >= 0.8. Repetitions are interleaved so all see the same machine
 load; the CPU is named in the result.
 
+``--runs``: the same comparison end to end, as a user meets it -- whole runs of ``python -m
+astraflow`` (data layer, node, trainer, evaluator) on the tiny model: ``workflow=single_turn``
+against ``workflow=agent`` with ``examples/agent/answer_agent.py`` (one call a rollout), and
+the calculator example (up to three calls and its tool). Each reports trajectories/s from
+the end of step 1 to the last (start-up left out) and the trainer's wait fraction.
+Targets: the one-call agent >= 0.5x single_turn's trajectories/s; the calculator's
+trainer waits <= 30%.
+
     python bench/gateway.py --out bench/results/gateway.json
+    python bench/gateway.py --runs --steps 60 --out bench/results/gateway_runs.json
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model
+from _machine import cpu_model, launch
 from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
@@ -83,6 +92,23 @@ async def run(task, client):
                       max_retries=0)
     await api.chat.completions.create(model=client.model, max_tokens=MAX_TOKENS,
                                       messages=[{"role": "user", "content": task.prompt}])
+''',
+    # one client for every rollout of the process, the rollout's key sent per request
+    # (a new client computes its platform headers on a thread at its first call)
+    "shared_client": '''
+from openai import AsyncOpenAI, DefaultAioHttpClient
+
+_api = None
+
+
+async def run(task, client):
+    global _api
+    if _api is None:
+        _api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key,
+                           http_client=DefaultAioHttpClient(), max_retries=0)
+    await _api.chat.completions.create(model=client.model, max_tokens=MAX_TOKENS,
+                                       messages=[{"role": "user", "content": task.prompt}],
+                                       extra_headers=client.headers)
 ''',
 }
 
@@ -192,6 +218,55 @@ async def one_engine(args: argparse.Namespace, raas: str, model: str, tokenizer:
     return lengths
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "agent"
+#: the end-to-end runs: name -> overrides (each also gets steps, seed and eval settings)
+RUNS = {
+    "single_turn": ["workflow=single_turn"],
+    "agent_one_call": ["workflow=agent", f"agent.path={EXAMPLES / 'answer_agent.py'}"],
+    "agent_calculator": ["workflow=agent", f"agent.path={EXAMPLES / 'calculator_agent.py'}"],
+}
+
+
+def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
+    """Whole runs, one after another (each alone on the machine), ``--repeats`` rounds in
+    alternating order."""
+    names = list(RUNS)
+    figures: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                overrides = [*RUNS[name], f"steps={args.steps}", f"seed={rep}",
+                             f"eval_every={args.eval_every}"]
+                summary, _records, step_seconds = launch(f"{name}-{rep}", overrides,
+                                                         Path(tmp))
+                policy = summary["policies"]["policy"]
+                batch = policy["trajectories_trained"] / policy["steps"]
+                one = {"trajectories_per_second": batch / step_seconds,
+                       "step_seconds": step_seconds,
+                       "trainer_wait_fraction": policy["trainer_wait_fraction"],
+                       "trained_fraction": policy["trained_fraction"],
+                       "wall_seconds": summary["wall_seconds"]}
+                figures[name].append(one)
+                print(f"rep {rep} {name:18s} {one['trajectories_per_second']:7.1f} "
+                      f"trajectories/s, step {step_seconds * 1000:6.1f} ms, trainer waits "
+                      f"{one['trainer_wait_fraction']:.0%}", flush=True)
+    median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+              for name, runs in figures.items()}
+    base = median["single_turn"]["trajectories_per_second"]
+    return {
+        "benchmark": "gateway_runs",
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
+        "settings": vars(args),
+        "runs": figures,
+        "median": median,
+        "ratio_vs_single_turn": {name: m["trajectories_per_second"] / base
+                                 for name, m in median.items() if name != "single_turn"},
+        "targets": {"agent_one_call_vs_single_turn": 0.5,
+                    "agent_calculator_trainer_wait": 0.30},
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     cfg = compose_config([])
     source = get_registry().get("task", cfg.task.name).create(cfg.task)
@@ -238,7 +313,25 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/gateway.json")
+    parser.add_argument("--runs", action="store_true",
+                        help="whole runs: single_turn vs the agent examples (see above)")
+    parser.add_argument("--steps", type=int, default=60, help="--runs: steps per run")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="--runs: eval_every of each run (0: at the start and the end)")
     cli = parser.parse_args()
+    if cli.runs:
+        result = end_to_end(cli)
+        cpu = result["machine"]["cpu"]
+        for name, ratio in result["ratio_vs_single_turn"].items():
+            m = result["median"][name]
+            print(f"{cpu}: {name} {m['trajectories_per_second']:.1f} trajectories/s = "
+                  f"{ratio:.2f}x single_turn's "
+                  f"{result['median']['single_turn']['trajectories_per_second']:.1f}; "
+                  f"trainer waits {m['trainer_wait_fraction']:.0%} (single_turn "
+                  f"{result['median']['single_turn']['trainer_wait_fraction']:.0%})")
+        Path(cli.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cli.out).write_text(json.dumps(result, indent=2) + "\n")
+        raise SystemExit(0)
     result = asyncio.run(main(cli))
     cpu = result["machine"]["cpu"]
     for raas, lengths in result["engines"].items():

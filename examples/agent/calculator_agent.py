@@ -13,7 +13,7 @@ CALC = {"type": "function", "function": {
                    "required": ["expression"]}}}
 
 
-_http = None  # one connection pool for every rollout of this process
+_api = None  # one client for every rollout of this process (see answer_agent.py)
 
 
 def calculator(expression):
@@ -27,15 +27,14 @@ def calculator(expression):
 async def run(task, client):
     """Ask; run any calculator calls; ask again with the results (three calls at most).
     Returns nothing: the run's reward scores the last answer."""
-    global _http
-    if _http is None:
-        _http = DefaultAioHttpClient()
-    api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
-                      http_client=_http)
+    global _api
+    if _api is None:
+        _api = AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
+                           http_client=DefaultAioHttpClient())
     messages = [{"role": "user", "content": task.prompt}]
     for _ in range(3):
-        reply = await api.chat.completions.create(model=client.model, messages=messages,
-                                                  tools=[CALC])
+        reply = await _api.chat.completions.create(model=client.model, messages=messages,
+                                                   tools=[CALC], extra_headers=client.headers)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:

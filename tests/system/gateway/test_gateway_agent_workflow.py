@@ -172,3 +172,32 @@ def test_an_agent_that_blocks_stalls_the_node_only_on_the_node_s_own_loop(node, 
             node.loop.run(flow.aclose())
     assert stalls[0] >= 1.9, stalls
     assert stalls[1] < 1.0, stalls
+
+
+def test_one_client_shared_by_every_rollout_records_each_call_to_its_own(node):
+    """examples/agent/answer_agent.py keeps one client per process and sends each
+    rollout's key with its call: concurrent rollouts of one worker, each recorded to the
+    rollout that made it (its own prompt as context), none to another."""
+    import asyncio
+
+    flow = workflow(node, path=str(EXAMPLES / "answer_agent.py"), timeout=60, workers=1)
+    tasks = [Task(f"t{a}", f"{a}+{a}=", str(2 * a)) for a in range(1, 7)]
+    for task in tasks:
+        task.metadata["group_id"] = task.task_id
+
+    async def all_groups():
+        policies = {"policy": node.policies["policy"]}
+        return await asyncio.gather(*(flow.run(task, policies, 2) for task in tasks))
+
+    try:
+        groups = node.loop.run(all_groups())
+    finally:
+        node.loop.run(flow.aclose())
+    for task, trajectories in zip(tasks, groups, strict=True):
+        assert len(trajectories) == 2
+        for traj in trajectories:
+            assert traj.metadata["agent_calls"] == 1 and not traj.outcome.failed
+            context = node.tokenizer.decode([t for t, m in zip(traj.tokens, traj.loss_mask,
+                                                               strict=True) if not m])
+            assert task.prompt in context, (task.prompt, context)
+    assert flow.failed == 0
