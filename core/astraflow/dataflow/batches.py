@@ -100,7 +100,7 @@ class BatchServer:
         versions = self._p.versions
         fresh = self._p.ledger.fresh_items(policy)
         if version > versions[policy]:  # fetched ahead: trained after this step's version
-            bound = version - versions.max_staleness(policy)
+            bound = version - versions.trainable_within(policy)
             fresh = (r for r in fresh if r.min_version < 0 or r.min_version >= bound)
         if self._p.settings.order == "fifo":
             return fresh

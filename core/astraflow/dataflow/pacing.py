@@ -13,10 +13,13 @@ producing samples that would arrive too stale to train on.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 #: weight of the newest measurement in the moving averages
 ALPHA = 0.2
+#: turnarounds kept, every node's, for their tail (:meth:`Pacing.tail_turnaround`)
+RECENT = 256
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -31,6 +34,7 @@ class Pacing:
         self._last_ack: dict[str, float] = {}
         self._turnaround: dict[str, float] = {}  # node id -> lease-to-accept seconds
         self._leased: dict[str, float] = {}  # task id -> when it was last leased
+        self._recent: deque[float] = deque(maxlen=RECENT)  # every node's, newest last
 
     def acked(self, policy: str, wait_seconds: float, step_seconds: float) -> None:
         if step_seconds <= 0:  # a batch acknowledged again after a restart: no step
@@ -65,6 +69,19 @@ class Pacing:
         if since is not None:
             seconds = max(self.clock() - since, 0.0)
             self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), seconds)
+            self._recent.append(seconds)
+
+    def tail_turnaround(self, quantile: float = 0.9) -> float | None:
+        """The ``quantile`` of the last :data:`RECENT` turnarounds over every node (None
+        before 16): how long the slow groups take, which a mean hides."""
+        if len(self._recent) < 16:
+            return None
+        ordered = sorted(self._recent)
+        return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
+
+    def compute_interval(self, policy: str) -> float | None:
+        """Seconds of a trainer step, its waits for data left out (None until a step)."""
+        return self._compute.get(policy)
 
     def forget(self, before: float, node_ids: list[str]) -> None:
         """Drop leases made before ``before`` that never came back (their tasks were

@@ -38,7 +38,8 @@ ORDERS = _DATAFLOW["order"].metadata["astraflow"]["choices"]
 class DataflowSettings:
     """Run settings of one data-layer service.
 
-    ``policies`` maps each policy to its ``max_staleness`` (in weight versions),
+    ``policies`` maps each policy to its ``max_staleness`` (in weight versions; None:
+    derived from the measured turnaround and trainer pace, :mod:`.versions`),
     ``advantages`` to the name of its advantage estimator (``policies.<name>.advantage``;
     a policy it does not name is given ``grpo``).
     ``task`` is the task option's config (with ``name``) or None when tasks only
@@ -48,8 +49,8 @@ class DataflowSettings:
     """
 
     store: str
-    policies: dict[str, int] = field(
-        default_factory=lambda: {"policy": int(_STALENESS.default)})  # type: ignore[arg-type]
+    policies: dict[str, int | None] = field(
+        default_factory=lambda: {"policy": _STALENESS.default})  # type: ignore[dict-item]
     advantages: dict[str, str] = field(default_factory=dict)
     group_size: int = like(_RUN["group_size"])
     batch_size: int = like(_RUN["batch_size"])
@@ -86,8 +87,8 @@ class DataflowSettings:
             raise ConfigError("dataflow needs at least one policy")
         wrong = check_instance(self, "dataflow.") + [
             problem for name, staleness in self.policies.items()
-            if (problem := value_problem(f"policies.{name}.max_staleness", int(staleness),
-                                         _STALENESS))]
+            if staleness is not None and (problem := value_problem(
+                f"policies.{name}.max_staleness", int(staleness), _STALENESS))]
         wrong += [f"advantages names {name!r}, which is not a policy of this run "
                   f"({', '.join(self.policies)})"
                   for name in self.advantages if name not in self.policies]
@@ -122,7 +123,8 @@ def settings_from_config(cfg: Any, store: str | None = None) -> DataflowSettings
     if store is None:
         raise ConfigError("dataflow needs a store directory: set dataflow.store or run_dir")
     plain = {name: _plain(p) for name, p in cfg.policies.items()}
-    policies = {name: int(p["max_staleness"]) for name, p in plain.items()}
+    policies = {name: None if p.get("max_staleness") is None else int(p["max_staleness"])
+                for name, p in plain.items()}
     advantages = {name: str(p.get("advantage") or DEFAULT_ADVANTAGE)
                   for name, p in plain.items()}
     data = {name: _plain(opt) for name, opt in (cfg.data or {}).items()}

@@ -139,6 +139,7 @@ class StatusView:
             policy: {
                 "version": p.versions[policy],
                 "max_staleness": p.versions.max_staleness(policy),
+                "max_staleness_why": p.versions.staleness_reason(policy),
                 "buffered": p.ledger.buffered(policy),
                 "replayable": p.ledger.replayable(policy),
                 "outstanding_batches": len(p.ledger.held(policy)),

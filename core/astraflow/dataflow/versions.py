@@ -3,19 +3,50 @@
 A sample generated from version ``v`` of a policy is trainable while the policy's
 version is at most ``v + max_staleness``; a sample with no trained token
 (``min_version < 0``) never goes stale.
+
+A policy whose ``max_staleness`` is set keeps it. Unset (None), the bound follows the
+work: the trainer steps that pass while the slow groups are rolled out -- the 90th
+percentile of the recent turnarounds over the trainer's step time, waits left out -- plus
+two (the step running and the batch queued before a sample), between
+:data:`DERIVED_MIN` and :data:`DERIVED_MAX`. A compute-bound job keeps the floor; a job
+whose environment makes some groups take many steps gets the room to train them
+instead of dropping them. Admission plans with the bound now; a sample is dropped only
+past the highest bound derived so far, so what was issued under a wider bound is not
+thrown away when the bound comes down.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
+from collections.abc import Callable
 
 from astraflow.dataflow.records import ServiceError
 
+#: the derived bound's floor (a compute-bound job's) and its ceiling
+DERIVED_MIN = 3
+DERIVED_MAX = 16
+
+
+def derived_staleness(tail_turnaround: float | None, step_seconds: float | None) -> int:
+    """The bound for a policy that sets none: steps during a slow group's rollout, + 2."""
+    if not tail_turnaround or not step_seconds:
+        return DERIVED_MIN
+    steps = math.ceil(tail_turnaround / step_seconds) + 2
+    return max(DERIVED_MIN, min(DERIVED_MAX, steps))
+
 
 class Versions:
-    def __init__(self, max_staleness: dict[str, int]) -> None:
-        self._max_staleness = dict(max_staleness)
-        self._versions = dict.fromkeys(self._max_staleness, 0)
+    def __init__(self, max_staleness: dict[str, int | None],
+                 measured: Callable[[str], tuple[float | None, float | None]] | None = None
+                 ) -> None:
+        """``max_staleness``: per policy, its bound, or None to derive it from
+        ``measured(policy)``: the tail turnaround and the trainer's step seconds."""
+        self._set = dict(max_staleness)
+        self._measured = measured
+        self._versions = dict.fromkeys(self._set, 0)
+        #: per policy whose bound is derived, the highest derived so far
+        self._highest = dict.fromkeys(self._set, DERIVED_MIN)
 
     def load(self, conn: sqlite3.Connection) -> None:
         for policy, version in conn.execute("SELECT policy, version FROM versions"):
@@ -41,11 +72,38 @@ class Versions:
         return dict(self._versions)
 
     def max_staleness(self, policy: str) -> int:
-        return self._max_staleness[policy]
+        """The bound now: the one set, else the one derived (see the module)."""
+        bound = self._set[policy]
+        if bound is not None:
+            return bound
+        bound = derived_staleness(*self.measured(policy))
+        if bound > self._highest[policy]:
+            self._highest[policy] = bound
+        return bound
+
+    def measured(self, policy: str) -> tuple[float | None, float | None]:
+        return self._measured(policy) if self._measured is not None else (None, None)
+
+    def staleness_reason(self, policy: str) -> str:
+        """Why the bound is what it is, in one line (``/v1/status``, the dashboard)."""
+        if self._set[policy] is not None:
+            return "set (policies.<name>.max_staleness)"
+        tail, step = self.measured(policy)
+        if not tail or not step:
+            return f"derived: {DERIVED_MIN} until turnarounds and a trainer step are measured"
+        return (f"derived: slow groups (90th percentile) take {tail:.2f} s, "
+                f"{tail / step:.1f} trainer steps of {step:.3f} s, + 2; "
+                f"between {DERIVED_MIN} and {DERIVED_MAX}")
+
+    def trainable_within(self, policy: str) -> int:
+        """Versions a sample may lag and still be trained: the bound set, else the
+        highest derived so far (what admission may have issued under)."""
+        bound = self.max_staleness(policy)
+        return bound if self._set[policy] is not None else self._highest[policy]
 
     def stale(self, policy: str, min_version: int) -> bool:
         return (min_version >= 0
-                and self._versions[policy] - min_version > self._max_staleness[policy])
+                and self._versions[policy] - min_version > self.trainable_within(policy))
 
     def newer(self, have: dict[str, int]) -> bool:
         """Whether any policy in ``have`` has a version past the one given for it."""

@@ -44,3 +44,50 @@ def test_a_node_keeps_rate_times_turnaround_in_flight_within_its_bound():
     assert in_flight_target(None, 2.0, cap=64) == START_IN_FLIGHT < 64
     assert in_flight_target(5.0, None, cap=64) == START_IN_FLIGHT
     assert in_flight_target(None, None, cap=4) == 4
+
+
+def test_an_unset_staleness_bound_follows_the_slow_groups_and_a_set_one_stays():
+    """policies.<name>.max_staleness unset: the bound is the trainer steps a slow group
+    (90th percentile) takes, + 2, between 3 and 16; set, it is what was set."""
+    from astraflow.dataflow.pacing import Pacing
+    from astraflow.dataflow.versions import DERIVED_MAX, DERIVED_MIN, Versions
+
+    now = [0.0]
+    pacing = Pacing(clock=lambda: now[0])
+    versions = Versions({"auto": None, "fixed": 3}, lambda policy: (
+        pacing.tail_turnaround(), pacing.compute_interval(policy)))
+    assert versions.max_staleness("auto") == DERIVED_MIN  # nothing measured yet
+    assert "until turnarounds and a trainer step are measured" in \
+        versions.staleness_reason("auto")
+
+    def groups(seconds: list[float]) -> None:
+        for i, s in enumerate(seconds):
+            pacing.leased(f"t{i}")
+            now[0] += s
+            pacing.accepted(f"t{i}", "node")
+
+    for policy in ("auto", "fixed"):  # steps of 0.2 s, 0.1 s of it spent waiting
+        pacing.acked(policy, wait_seconds=0.0, step_seconds=0.1)
+        pacing.acked(policy, wait_seconds=0.1, step_seconds=0.2)
+    groups([0.05] * 100)  # a compute-bound job: groups back within a step
+    assert versions.max_staleness("auto") == DERIVED_MIN
+    # an environment with a long tail: one group in five takes 0.75 s, 7.5 steps
+    groups([0.05, 0.05, 0.05, 0.05, 0.75] * 60)
+    assert versions.max_staleness("auto") == 10  # ceil(7.5) + 2
+    assert versions.staleness_reason("auto").startswith(
+        "derived: slow groups (90th percentile) take 0.75 s, 7.5 trainer steps of 0.100 s")
+    # a sample 8 versions behind: trained under the derived bound, dropped under the set one
+    for policy in ("auto", "fixed"):
+        versions.advance(policy, 10)
+    assert not versions.stale("auto", 2) and versions.stale("fixed", 2)
+    assert versions.max_staleness("fixed") == 3
+    assert versions.staleness_reason("fixed").startswith("set")
+    # the tail gone: admission plans with 3 again, but what was issued under 10 is not
+    # dropped for it
+    groups([0.05] * 256)
+    assert versions.max_staleness("auto") == DERIVED_MIN
+    assert not versions.stale("auto", 0)  # 10 behind at version 10
+    versions.advance("auto", 12)
+    assert versions.stale("auto", 1)  # 11 behind: past the highest bound
+    groups([30.0] * 256)  # minutes a group: the ceiling, not an unbounded wait
+    assert versions.max_staleness("auto") == DERIVED_MAX
