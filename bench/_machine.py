@@ -16,6 +16,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def machine() -> dict[str, object]:
+    """The machine a result was measured on: CPU model, CPU count, Python."""
+    import os
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
 def launch(name: str, overrides: list[str], root: Path) -> tuple[dict, list[dict], float]:
     """``python -m astraflow`` in ``root/name``: its summary, its metric records, and the
     seconds per step from the end of step 1 to the end of the last (start-up left out)."""

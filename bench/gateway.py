@@ -43,14 +43,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model, launch
+from _machine import launch, machine
 from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
@@ -255,8 +254,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
     base = median["single_turn"]["trajectories_per_second"]
     return {
         "benchmark": "gateway_runs",
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
+        "machine": machine(),
         "settings": vars(args),
         "runs": figures,
         "median": median,
@@ -280,8 +278,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     default = f"gateway_shared_aiohttp_workers{default_workers()}"
     return {
         "benchmark": "gateway",
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
+        "machine": machine(),
         "settings": vars(args),
         "engines": engines,
         "default_setup": default,
@@ -312,16 +309,18 @@ if __name__ == "__main__":
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="bench/results/gateway.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/gateway.json, "
+                        "with --runs gateway_runs.json")
     parser.add_argument("--runs", action="store_true",
                         help="whole runs: single_turn vs the agent examples (see above)")
     parser.add_argument("--steps", type=int, default=60, help="--runs: steps per run")
     parser.add_argument("--eval-every", type=int, default=0,
                         help="--runs: eval_every of each run (0: at the start and the end)")
     cli = parser.parse_args()
+    cli.out = cli.out or f"bench/results/gateway{'_runs' if cli.runs else ''}.json"
+    result = end_to_end(cli) if cli.runs else asyncio.run(main(cli))
+    cpu = result["machine"]["cpu"]
     if cli.runs:
-        result = end_to_end(cli)
-        cpu = result["machine"]["cpu"]
         for name, ratio in result["ratio_vs_single_turn"].items():
             m = result["median"][name]
             print(f"{cpu}: {name} {m['trajectories_per_second']:.1f} trajectories/s = "
@@ -329,12 +328,7 @@ if __name__ == "__main__":
                   f"{result['median']['single_turn']['trajectories_per_second']:.1f}; "
                   f"trainer waits {m['trainer_wait_fraction']:.0%} (single_turn "
                   f"{result['median']['single_turn']['trainer_wait_fraction']:.0%})")
-        Path(cli.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cli.out).write_text(json.dumps(result, indent=2) + "\n")
-        raise SystemExit(0)
-    result = asyncio.run(main(cli))
-    cpu = result["machine"]["cpu"]
-    for raas, lengths in result["engines"].items():
+    for raas, lengths in result.get("engines", {}).items():
         for length, figures in lengths.items():
             rates = figures["rollouts_per_second"]
             for name, ratio in figures["ratio_vs_handle"].items():

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _machine import cpu_model
+from _machine import cpu_model, machine
 
 TOKEN = "bench-scale-token"
 GROUP_SIZE = 4
@@ -366,8 +365,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
+        "machine": machine(),
         "settings": {"seconds": args.seconds, "concurrency_per_node": args.concurrency,
                      "generation_seconds": args.generation_seconds, "group_size": GROUP_SIZE,
                      "settle_seconds": args.settle,
