@@ -57,7 +57,7 @@ from astraflow.config import ModelConfig, compose_config
 from astraflow.contracts import Workflow
 from astraflow.models.tiny import make_tiny_model
 from astraflow.plugins import get_registry
-from astraflow.raas.node import EnginePolicy
+from astraflow.raas.engines import EnginePolicy
 from astraflow.text import load_tokenizer
 from astraflow.types import Trajectory
 from astraflow.workflows.agent import default_workers

@@ -37,7 +37,7 @@ from astraflow.components import build_workflow
 from astraflow.config import ModelConfig, compose_config
 from astraflow.models.tiny import make_tiny_model
 from astraflow.plugins import get_registry
-from astraflow.raas.node import EnginePolicy
+from astraflow.raas.engines import EnginePolicy
 from astraflow.text import load_tokenizer
 from astraflow.types import GenerationRequest, Task
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from astraflow.components import build_workflow, role_map
 from astraflow.launch.lifecycle import mark_ready
 from astraflow.plugins import get_registry
-from astraflow.raas.node import EnginePolicy, start_engines
+from astraflow.raas.engines import EnginePolicy, start_engines
 from astraflow.rewards.base import reward_metric_means
 from astraflow.weights._fs import build_dir
 from astraflow.weights.client import Synced

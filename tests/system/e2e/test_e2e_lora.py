@@ -90,7 +90,7 @@ def test_a_node_refuses_an_adapter_of_another_base(tmp_path, tiny_model_dir, cha
     from omegaconf import OmegaConf
 
     from astraflow.plugins import get_registry
-    from astraflow.raas.node import ServedPolicy
+    from astraflow.raas.engines import ServedPolicy
     from astraflow.testing.rollout import make_adapter
     from astraflow.weights.base import BaseMismatchError, base_sha256
 

@@ -77,7 +77,7 @@ class Node:
 def start_node(model_dir: str, names: tuple[str, ...] = ("policy",), **settings) -> Node:
     from astraflow.gateway.server import Gateway, GatewaySettings
     from astraflow.plugins import get_registry
-    from astraflow.raas.node import EnginePolicy
+    from astraflow.raas.engines import EnginePolicy
     from astraflow.text import load_tokenizer
 
     tok = load_tokenizer(model_dir)

@@ -10,7 +10,7 @@ from astraflow.dataflow.client import DataflowClient
 from astraflow.dataflow.server import BackgroundServer
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.plugins import get_registry
-from astraflow.raas.node import EnginePolicy
+from astraflow.raas.engines import EnginePolicy
 from astraflow.rewards.exact_match import ExactMatch
 from astraflow.testing.engine import LoopThread
 from astraflow.text import load_tokenizer

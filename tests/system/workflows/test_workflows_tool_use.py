@@ -68,7 +68,7 @@ def test_tool_use_runs_end_to_end_on_a_real_engine(tiny_model_dir):
     loop = LoopThread()
     loop.run(backend.start())
     try:
-        from astraflow.raas.node import EnginePolicy
+        from astraflow.raas.engines import EnginePolicy
 
         policy = EnginePolicy("policy", backend, {"max_new_tokens": 12, "temperature": 1.0})
         workflow = ToolUseWorkflow(ToolUseConfig(max_turns=3), tok, ExactMatch())
