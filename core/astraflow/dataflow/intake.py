@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.dataflow.checks import CheckedTrajectory, check_trajectories
 from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.records import (
     UNKNOWN_POOL,
@@ -24,7 +25,7 @@ from astraflow.dataflow.records import (
     stale_key,
 )
 from astraflow.dataflow.store import FRESH
-from astraflow.dataflow.wire import CheckedTrajectory, SubmitIn, check_trajectories
+from astraflow.dataflow.wire import SubmitIn
 from astraflow.types import Task, Trajectory
 
 Group = list[CheckedTrajectory]

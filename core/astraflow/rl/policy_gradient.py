@@ -90,7 +90,7 @@ def micro_batches(items: list[TrainItem], size: int, pad_token_id: int,
     fresh = [0.0] * len(items) if fresh is None else fresh
     out = []
     for start in range(0, len(items), size):
-        # checked once, by the data layer as it accepted them (wire.check_trajectories)
+        # checked once, by the data layer as it accepted them (checks.check_trajectories)
         chunk = items[start : start + size]
         width = max(len(item.trajectory.tokens) for item in chunk)
 
