@@ -215,7 +215,12 @@ def _set_policy(cfg: DictConfig, key: str, value: Any) -> None:
         raise ConfigError(f"{key} is not a setting; policies.{name} has: {', '.join(names)}"
                           + (f" (did you mean {near[0]}?)" if near else "")) from None
     except ValidationError as exc:
-        raise ConfigError(f"{key}={value}: {str(exc).splitlines()[0]}") from None
+        # what the setting means, as a value out of its range is told
+        field = next((f for f in dataclasses.fields(PolicyConfig) if path[-1:] == [f.name]),
+                     None)
+        why = field.metadata.get("astraflow", {}).get("why") if field is not None else None
+        raise ConfigError(f"{key}={value}: {str(exc).splitlines()[0]}"
+                          + (f" ({why})" if why else "")) from None
 
 
 def validate(cfg: DictConfig, registry: Registry) -> None:

@@ -151,7 +151,8 @@ class PolicyConfig:
     #: measured turnaround of the slow groups and the trainer's pace, 3 to 16
     #: (astraflow.dataflow.versions); /v1/status shows the bound and why
     max_staleness: int | None = setting(None, ge=0, why="versions a sample may lag the "
-                                        "weights it is trained on")
+                                        "weights it is trained on; null, the default: "
+                                        "derived from the measured turnaround")
     lr: float | None = setting(None, gt=0)  # overrides trainer.lr for this policy
     #: ranks of this policy's trainer (overrides trainer.world_size): a large policy on
     #: several ranks beside a small one on one

@@ -216,7 +216,8 @@ def test_a_mistyped_environment_latency_is_refused_before_anything_starts(tmp_pa
 @pytest.mark.parametrize(("override", "said"), [
     ("dataflow.order=edff", "astraflow: error: dataflow.order=edff: choose fifo or edf"),
     ("policies.policy.max_staleness=-1", "astraflow: error: policies.policy.max_staleness=-1: "
-     "must be >= 0 (versions a sample may lag the weights it is trained on)"),
+     "must be >= 0 (versions a sample may lag the weights it is trained on; null, the "
+     "default: derived from the measured turnaround)"),
 ])
 def test_a_bad_data_layer_setting_is_refused_before_anything_starts(tmp_path, override, said):
     assert refused(launch(tmp_path, override), tmp_path) == said
@@ -226,6 +227,9 @@ def test_a_bad_data_layer_setting_is_refused_before_anything_starts(tmp_path, ov
     ("partial_rollouts=ture", "Value 'ture' is not a valid bool"),
     ("node_concurrency=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
     ("launcher.preload=flase", "Value 'flase' is not a valid bool"),
+    # a per-policy setting says what it means, and here how to leave it to the run
+    ("policies.policy.max_staleness=auto", "could not be converted to Integer (versions a "
+     "sample may lag the weights it is trained on; null, the default: derived"),
 ])
 def test_a_value_of_the_wrong_type_says_why(tmp_path, override, said):
     proc = launch(tmp_path, override)
