@@ -33,7 +33,8 @@ def pairs(draw):
     return old, new
 
 
-@settings(max_examples=300, deadline=None)
+# 150 examples: about 0.6 s alone, under the unit tier's 5 s with the other lanes busy
+@settings(max_examples=150, deadline=None)
 @given(pairs(), hs.sampled_from([1, 32, 1 << 16]), hs.integers(1, 8))
 def test_round_trip_is_bit_exact(pair, scratch, threads):
     """Small scratch streams make the encoder stop and resume inside the tensor; with a
