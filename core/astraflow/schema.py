@@ -147,8 +147,8 @@ def check_instance(obj: Any, prefix: str = "") -> list[str]:
 class PolicyConfig:
     """Per-policy settings; one trainer and one weight stream per policy."""
 
-    #: versions a sample may lag the weights it is trained on; null: derived from the
-    #: measured turnaround of the slow groups and the trainer's pace, 3 to 16
+    #: versions a sample may lag the weights it is trained on; null: 3, widened by the
+    #: trainer steps the slow groups take beyond a typical one, at most 16
     #: (astraflow.dataflow.versions); /v1/status shows the bound and why
     max_staleness: int | None = setting(None, ge=0, why="versions a sample may lag the "
                                         "weights it is trained on; null, the default: "

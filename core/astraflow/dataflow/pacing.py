@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 #: weight of the newest measurement in the moving averages
 ALPHA = 0.2
-#: turnarounds kept, every node's, for their tail (:meth:`Pacing.tail_turnaround`)
+#: turnarounds kept, every node's, for their spread (:meth:`Pacing.turnaround_spread`)
 RECENT = 256
 
 
@@ -35,8 +35,8 @@ class Pacing:
         self._turnaround: dict[str, float] = {}  # node id -> lease-to-accept seconds
         self._leased: dict[str, float] = {}  # task id -> when it was last leased
         self._recent: deque[float] = deque(maxlen=RECENT)  # every node's, newest last
-        #: the last tail computed, until a turnaround arrives (read on every stale check)
-        self._tail: tuple[float, float | None] | None = None
+        #: the last spread computed, until a turnaround arrives (read on every stale check)
+        self._spread: tuple[float, float] | None = None
 
     def acked(self, policy: str, wait_seconds: float, step_seconds: float) -> None:
         if step_seconds <= 0:  # a batch acknowledged again after a restart: no step
@@ -72,18 +72,16 @@ class Pacing:
             seconds = max(self.clock() - since, 0.0)
             self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), seconds)
             self._recent.append(seconds)
-            self._tail = None
+            self._spread = None
 
-    def tail_turnaround(self, quantile: float = 0.9) -> float | None:
-        """The ``quantile`` of the last :data:`RECENT` turnarounds over every node (None
-        before 16): how long the slow groups take, which a mean hides."""
-        if self._tail is None or self._tail[0] != quantile:
-            tail = None
-            if len(self._recent) >= 16:
-                ordered = sorted(self._recent)
-                tail = ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
-            self._tail = (quantile, tail)
-        return self._tail[1]
+    def turnaround_spread(self) -> tuple[float, float] | None:
+        """The median and the 90th percentile of the last :data:`RECENT` turnarounds over
+        every node (None before 16): how long a typical group takes and how much longer
+        the slow ones do, which a mean hides. Kept until the next turnaround arrives."""
+        if self._spread is None and len(self._recent) >= 16:
+            ordered = sorted(self._recent)
+            self._spread = (ordered[len(ordered) // 2], ordered[int(0.9 * len(ordered))])
+        return self._spread
 
     def compute_interval(self, policy: str) -> float | None:
         """Seconds of a trainer step, its waits for data left out (None until a step)."""

@@ -73,7 +73,7 @@ class DataflowService:
         self.ledger = Ledger(s.policies)
         self.pacing = Pacing()
         self.versions = Versions(s.policies, lambda policy: (
-            self.pacing.tail_turnaround(), self.pacing.compute_interval(policy)))
+            self.pacing.turnaround_spread(), self.pacing.compute_interval(policy)))
         self.signals = Signals(s.policies)
         self.nodes = Nodes(self.store, self.counters, self.tasks, self.signals)
         self.autoscale = AutoscaleWindow(s.autoscale_window)

@@ -5,14 +5,15 @@ version is at most ``v + max_staleness``; a sample with no trained token
 (``min_version < 0``) never goes stale.
 
 A policy whose ``max_staleness`` is set keeps it. Unset (None), the bound follows the
-work: the trainer steps that pass while the slow groups are rolled out -- the 90th
-percentile of the recent turnarounds over the trainer's step time, waits left out -- plus
-two (the step running and the batch queued before a sample), between
-:data:`DERIVED_MIN` and :data:`DERIVED_MAX`. A compute-bound job keeps the floor; a job
-whose environment makes some groups take many steps gets the room to train them
-instead of dropping them. Admission plans with the bound now; a sample is dropped only
-past the highest bound derived so far, so what was issued under a wider bound is not
-thrown away when the bound comes down.
+work: :data:`DERIVED_MIN` covers a typical group (admission issues a task only if its
+samples would be trained within the bound), widened by the trainer steps the slow groups
+take beyond it -- the 90th percentile of the recent turnarounds less their median, over
+the trainer's step time with its waits left out -- up to :data:`DERIVED_MAX`. A job whose
+groups all take about as long keeps the floor; one whose environment or agent makes
+some groups take many steps longer gets the room to train them instead of dropping
+them. Admission plans with the bound now; a sample is dropped only past the highest
+bound derived so far, so what was issued under a wider bound is not thrown away when
+the bound comes down.
 """
 
 from __future__ import annotations
@@ -23,25 +24,29 @@ from collections.abc import Callable
 
 from astraflow.dataflow.records import ServiceError
 
-#: the derived bound's floor (a compute-bound job's) and its ceiling
+#: (median, 90th percentile) of the recent turnarounds, and a trainer step's seconds
+Measured = tuple[tuple[float, float] | None, float | None]
+#: the derived bound's floor (a job whose groups take about as long) and its ceiling
 DERIVED_MIN = 3
 DERIVED_MAX = 16
 
 
-def derived_staleness(tail_turnaround: float | None, step_seconds: float | None) -> int:
-    """The bound for a policy that sets none: steps during a slow group's rollout, + 2."""
-    if not tail_turnaround or not step_seconds:
+def derived_staleness(spread: tuple[float, float] | None, step_seconds: float | None) -> int:
+    """The bound for a policy that sets none: the floor, + the whole trainer steps the slow
+    groups (90th percentile) take beyond the median one."""
+    if spread is None or not step_seconds:
         return DERIVED_MIN
-    steps = math.ceil(tail_turnaround / step_seconds) + 2
+    median, slow = spread
+    steps = DERIVED_MIN + math.floor((slow - median) / step_seconds)
     return max(DERIVED_MIN, min(DERIVED_MAX, steps))
 
 
 class Versions:
     def __init__(self, max_staleness: dict[str, int | None],
-                 measured: Callable[[str], tuple[float | None, float | None]] | None = None
-                 ) -> None:
+                 measured: Callable[[str], Measured] | None = None) -> None:
         """``max_staleness``: per policy, its bound, or None to derive it from
-        ``measured(policy)``: the tail turnaround and the trainer's step seconds."""
+        ``measured(policy)``: the turnarounds' median and 90th percentile, and the
+        trainer's step seconds."""
         self._set = dict(max_staleness)
         self._measured = measured
         self._versions = dict.fromkeys(self._set, 0)
@@ -81,19 +86,20 @@ class Versions:
             self._highest[policy] = bound
         return bound
 
-    def measured(self, policy: str) -> tuple[float | None, float | None]:
+    def measured(self, policy: str) -> Measured:
         return self._measured(policy) if self._measured is not None else (None, None)
 
     def staleness_reason(self, policy: str) -> str:
         """Why the bound is what it is, in one line (``/v1/status``, the dashboard)."""
         if self._set[policy] is not None:
             return "set (policies.<name>.max_staleness)"
-        tail, step = self.measured(policy)
-        if not tail or not step:
+        spread, step = self.measured(policy)
+        if spread is None or not step:
             return f"derived: {DERIVED_MIN} until turnarounds and a trainer step are measured"
-        return (f"derived: slow groups (90th percentile) take {tail:.2f} s, "
-                f"{tail / step:.1f} trainer steps of {step:.3f} s, + 2; "
-                f"between {DERIVED_MIN} and {DERIVED_MAX}")
+        median, slow = spread
+        return (f"derived: {DERIVED_MIN} + the steps of {step:.3f} s that slow groups (90th "
+                f"percentile, {slow:.2f} s) take beyond the median one ({median:.2f} s): "
+                f"{(slow - median) / step:.1f}; at most {DERIVED_MAX}")
 
     def trainable_within(self, policy: str) -> int:
         """Versions a sample may lag and still be trained: the bound set, else the
