@@ -2,7 +2,8 @@
 
 * which modules ``trainer.lora.target_modules`` adapts, read from a checkpoint's
   safetensors headers, so a name that matches nothing stops the run before anything
-  starts;
+  starts; a name of one expert's projection (``down_proj`` in
+  ``mlp.experts.0.down_proj.weight``) adapts every expert of every MoE layer;
 * the names adapters travel under: ``peft``'s own (``base_model.model.<module>.lora_A.weight``),
   which is what ``peft``, vLLM and SGLang load.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 from astraflow.rl.options import ALL_LINEAR
 
 _ADAPTER_KEY = re.compile(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+\.")
+#: one expert's projection as a checkpoint stores it: ``mlp.experts.3.down_proj.weight``
+_EXPERT = re.compile(r"\.experts\.\d+\.([^.]+)\.weight$")
 
 
 def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
@@ -39,8 +42,20 @@ def linear_modules(model_dir: str | Path) -> list[str]:
                   and ".experts." not in name)
 
 
-def _has_experts(model_dir: str | Path) -> bool:
-    return any(".experts." in name for name in tensor_shapes(model_dir))
+def expert_projections(model_dir: str | Path) -> list[str]:
+    """The projections a checkpoint's mixture-of-experts layers hold one matrix of per
+    expert (``gate_proj``, ``up_proj``, ``down_proj``; Mixtral's ``w1``, ``w2``, ``w3``)."""
+    return sorted({m.group(1) for name in tensor_shapes(model_dir)
+                   if (m := _EXPERT.search(name))})
+
+
+def expert_targets(targets: list[str] | str, model_dir: str | Path) -> list[str]:
+    """The target names that adapt the experts of ``model_dir``'s MoE layers (named as
+    the checkpoint names one expert's projection); ``all-linear`` adapts none."""
+    if targets == ALL_LINEAR:
+        return []
+    projections = expert_projections(model_dir)
+    return [t for t in targets if t in projections]
 
 
 def matches(module: str, target: str) -> bool:
@@ -55,14 +70,15 @@ def check_targets(targets: list[str] | str, model_dir: str | Path) -> None:
     modules = linear_modules(model_dir)
     if not modules:  # no safetensors to read: the trainer checks when it loads
         return
-    unmatched = [t for t in targets if not any(matches(m, t) for m in modules)]
+    projections = expert_projections(model_dir)
+    unmatched = [t for t in targets
+                 if not any(matches(m, t) for m in modules) and t not in projections]
     if unmatched:
         kinds = sorted({m.rsplit(".", 1)[-1] for m in modules})
-        experts = (" (a mixture-of-experts layer's experts are not adapted: adapt its "
-                   "attention)" if _has_experts(model_dir) else "")
+        experts = f", its experts' {projections}" if projections else ""
         raise ValueError(f"trainer.lora.target_modules: {unmatched} match no module of "
-                         f"{model_dir}; its linear layers are {kinds} (or use {ALL_LINEAR!r})"
-                         f"{experts}")
+                         f"{model_dir}; its linear layers are {kinds}{experts} (or use "
+                         f"{ALL_LINEAR!r})")
 
 
 def adapter_key(name: str) -> str:

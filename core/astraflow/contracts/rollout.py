@@ -29,6 +29,9 @@ class RolloutBackend(ABC):
     #: whether the engine serves LoRA adapters (``configure_adapters``, ``load_adapter``):
     #: then one engine serves every policy of a LoRA run, one adapter each
     supports_adapters: bool = False
+    #: whether those adapters may adapt a mixture-of-experts layer's experts (``peft``'s
+    #: ``target_parameters`` on the fused expert tensors), not only its linear layers
+    supports_expert_adapters: bool = False
     #: whether ``swap_weights`` loads new weights under generations in flight (partial
     #: rollouts); the default ``swap_weights`` waits for them to finish instead
     supports_partial_rollouts: bool = False

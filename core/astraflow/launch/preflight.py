@@ -49,6 +49,8 @@ def check_backends(cfg: DictConfig) -> None:
             registry.get("rollout_backend", cfg.raas.name).load(), "supports_adapters", False):
         raise ConfigError(f"trainer.lora.rank={lora_rank(cfg.trainer)}: raas={cfg.raas.name} "
                           "cannot serve LoRA adapters; use raas=hf, vllm or sglang")
+    if lora_rank(cfg.trainer) and cfg.model.path:
+        _check_expert_adapters(cfg, registry.get("rollout_backend", cfg.raas.name).load())
     if cfg.trainer.get("router_replay") and not cfg.model.path:
         raise ConfigError("trainer.router_replay=true: the built-in tiny model has no "
                           "mixture-of-experts layer to replay; give model.path=<an MoE "
@@ -58,6 +60,21 @@ def check_backends(cfg: DictConfig) -> None:
             False):
         raise ConfigError(f"trainer.router_replay=true: raas={cfg.raas.name} does not record "
                           "the experts it routes each token to; use raas=hf")
+
+
+def _check_expert_adapters(cfg: DictConfig, engine: Any) -> None:
+    """LoRA on a mixture-of-experts model's experts needs an engine that serves it."""
+    from astraflow.lora import expert_targets
+    from astraflow.rl.options import lora_targets
+
+    try:
+        experts = expert_targets(lora_targets(cfg.trainer.lora), cfg.model.path)
+    except ValueError:
+        return  # check_lora says what is wrong with the targets
+    if experts and not getattr(engine, "supports_expert_adapters", False):
+        raise ConfigError(f"trainer.lora.target_modules: {experts} adapt the experts of "
+                          f"{cfg.model.path}, which raas={cfg.raas.name} cannot serve on "
+                          "this machine; use raas=hf, or adapt the attention alone")
 
 
 def _judge(check: Callable[..., Any], conf: Any, model_path: str | None) -> None:

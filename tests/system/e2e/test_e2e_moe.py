@@ -102,29 +102,49 @@ def test_megatron_refuses_a_moe_checkpoint_before_anything_starts(tmp_path, moe_
 
 
 @pytest.mark.slow
-def test_lora_adapts_a_moe_models_attention(tmp_path, moe_model_dir):
+def test_lora_adapts_a_moe_models_attention_and_experts(tmp_path, moe_model_dir):
+    """The experts named as the checkpoint names one expert's projections: every expert
+    of every MoE layer gets an adapter, the node serves each version (its log-probs are
+    the trainer's on what that version generated), and the final adapter holds them."""
     train, _ = problems()
     write_jsonl(tmp_path / "train.jsonl", train)
+    # every group's samples differ in length: every step trains the adapters
+    (tmp_path / "short.py").write_text("def score(task, completion):\n"
+                                       "    return -len(completion) / 64\n")
     run_dir = tmp_path / "run"
     launch_run(tmp_path, f"model.path={moe_model_dir}", "task=jsonl",
                "task.train_files=[train.jsonl]", "task.eval_size=8", "raas=hf", "trainer=hf",
-               "+experiment=smoke", "trainer.lora.rank=8",
-               "trainer.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+               "reward=python", "reward.path=short.py", "reward.function=score",
+               "+experiment=smoke", "steps=6", "trainer.lora.rank=8", "trainer.lr=3e-3",
+               "trainer.lora.target_modules=[q_proj,v_proj,gate_proj,up_proj,down_proj]",
                f"run_dir={run_dir}")
-    assert run_summary(run_dir)["policy"]["steps"] == 3
+    assert run_summary(run_dir)["policy"]["steps"] == 6
     adapter = load_file(str(run_dir / "final" / "policy" / "adapter_model.safetensors"))
-    assert adapter and all(".self_attn." in k for k in adapter)
+    assert {k.split(".lora_")[0].split(".layers.0.")[-1] for k in adapter
+            if ".layers.0." in k} == {"self_attn.q_proj", "self_attn.v_proj",
+                                       "mlp.experts", "mlp.experts.base_layer"}
+    assert all(t.abs().max() > 0 for k, t in adapter.items() if ".lora_B." in k)  # trained
+    train_log = [json.loads(line)
+                 for line in (run_dir / "metrics" / "train-policy.jsonl").open()]
+    # samples of an older version differ from the trainer's (the adapters moved), those
+    # of the version trained do not: the node served each adapter as trained
+    assert max(s["train/rollout_logprob_gap_max"] for s in train_log) > 1e-2, train_log
+    served = [s["train/rollout_logprob_gap_fresh"] for s in train_log[1:]
+              if "train/rollout_logprob_gap_fresh" in s]
+    assert served and max(served) < 1e-3, train_log
 
 
-def test_lora_on_a_moe_models_experts_is_refused_before_anything_starts(tmp_path,
-                                                                         moe_model_dir):
+def test_lora_on_a_moe_models_experts_is_refused_where_the_engine_cannot_serve_it(
+        tmp_path, moe_model_dir):
+    pytest.importorskip("vllm")
     proc = subprocess.run(
-        [sys.executable, "-m", "astraflow", f"model.path={moe_model_dir}",
-         "+experiment=lora", f"run_dir={tmp_path / 'run'}"],
+        [sys.executable, "-m", "astraflow", f"model.path={moe_model_dir}", "raas=vllm",
+         "+experiment=lora", "trainer.lora.target_modules=[q_proj,down_proj]",
+         f"run_dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode != 0
     said = proc.stderr.strip().splitlines()[-1]
-    assert "trainer.lora.target_modules: ['gate_proj', 'up_proj', 'down_proj'] match no " \
-        "module" in said, proc.stderr
-    assert "experts are not adapted" in said
+    assert said == (f"astraflow: error: trainer.lora.target_modules: ['down_proj'] adapt the "
+                    f"experts of {moe_model_dir}, which raas=vllm cannot serve on this "
+                    "machine; use raas=hf, or adapt the attention alone"), proc.stderr
     assert not (tmp_path / "run").exists()

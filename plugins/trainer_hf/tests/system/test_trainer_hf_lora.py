@@ -179,3 +179,74 @@ def test_lora_plus_steps_the_b_matrices_at_a_multiple_of_the_rate(tiny_model_dir
     plain = HFTrainerBackend(lora_config(lr=1e-3), tiny_model_dir)
     with pytest.raises(ValueError, match="lr_ratio"):
         plain.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+#: one expert's projections as each layout's checkpoint names them
+EXPERT_PROJECTIONS = {"qwen3_moe": ["gate_proj", "up_proj", "down_proj"],
+                      "mixtral": ["w1", "w3", "w2"]}
+
+
+@pytest.mark.parametrize("arch", sorted(EXPERT_PROJECTIONS))
+def test_lora_adapts_a_moe_models_experts_as_its_checkpoint_names_them(arch, tmp_path):
+    """Naming one expert's projections adapts every expert of every MoE layer (held
+    fused in memory, peft's ``target_parameters``): the published adapter is what peft
+    loads over the base to sample what the trainer trained (as ``raas=hf`` does), and
+    the merged final model, stored one matrix per expert, scores the same (to float32
+    noise: peft applies the expert adapters in another order than the trainer)."""
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+    from peft import PeftModel
+
+    from astraflow.testing.models import make_chat_model
+
+    model_dir = make_chat_model(tmp_path / arch, arch=arch)
+    config = lora_config(lr=3e-3)
+    config.lora.target_modules = ["q_proj", "v_proj", *EXPERT_PROJECTIONS[arch]]
+    backend = HFTrainerBackend(config, model_dir)
+    trained = {n for n, p in backend.model.named_parameters() if p.requires_grad}
+    assert any(".mlp.experts." in n for n in trained), trained
+    batch = arithmetic_batch(model_dir, [1.0, -1.0, 0.5, -0.5])
+    before = backend.compute_logprobs(batch)
+    for _ in range(3):
+        backend.train_step(with_behaviour_logprobs(backend, batch))
+    after = backend.compute_logprobs(batch)
+    assert max(abs(a - b) for x, y in zip(before, after, strict=True)
+               for a, b in zip(x, y, strict=True)) > 1e-3  # the adapters moved it
+
+    exported = backend.export_weights()
+    experts = [k for k in exported if ".mlp.experts." in k]
+    assert experts and all(".lora_A." in k or ".lora_B." in k for k in exported)
+    export_dir = tmp_path / "exported"
+    save(export_dir / "model.safetensors", {k: from_torch(v) for k, v in exported.items()})
+    write_peft_dir(export_dir, {"config": backend.adapter_config()})
+    base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    served = PeftModel.from_pretrained(base, export_dir).eval()
+    for got, want in zip(_direct_logprobs(served, batch), after, strict=True):
+        assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-3)
+
+    backend.config.lora.merge_final = True
+    backend.save_pretrained(str(tmp_path / "final"))
+    from safetensors.torch import load_file
+
+    stored = load_file(f"{model_dir}/model.safetensors")
+    merged_dir = tmp_path / "final" / "merged"
+    assert load_file(str(merged_dir / "model.safetensors")).keys() == stored.keys()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, local_files_only=True)
+    for got, want in zip(_direct_logprobs(merged, batch), after, strict=True):
+        assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-3)
+
+
+def test_half_of_a_fused_expert_tensor_is_refused(tmp_path):
+    """transformers holds gate and up projections as one tensor: adapting one alone
+    cannot be done, and the error says which tensor and what to add."""
+    from astraflow_trainer_hf.backend import HFTrainerBackend
+
+    from astraflow.testing.models import make_chat_model
+
+    model_dir = make_chat_model(tmp_path / "moe", arch="qwen3_moe")
+    config = lora_config()
+    config.lora.target_modules = ["q_proj", "gate_proj", "down_proj"]
+    with pytest.raises(ValueError) as info:
+        HFTrainerBackend(config, model_dir)
+    assert str(info.value) == ("trainer.lora.target_modules: ['gate_proj'] without "
+                               "['up_proj']: the model holds them as one tensor "
+                               "(experts.gate_up_proj); adapt all or none")
