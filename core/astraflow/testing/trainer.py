@@ -327,7 +327,8 @@ def check_ranks_match_one_process(backend_name: str, model_dir: str, out: Path,
     single_settings = {k: v for k, v in settings.items()
                        if k not in ("world_size", "tensor_model_parallel_size",
                                     "pipeline_model_parallel_size",
-                                    "data_parallel_size", "cpu_offload")}
+                                    "data_parallel_size", "cpu_offload",
+                                    "expert_model_parallel_size")}
     config = OmegaConf.merge(OmegaConf.structured(entry.config_cls), single_settings)
     single = entry.create(config, model_dir)
     # 7 items: two replicas get 4 and 3, so micro-batching can leave one replica short

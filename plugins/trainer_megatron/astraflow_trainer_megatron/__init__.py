@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from astraflow import hookimpl
-from astraflow.rl.options import PolicyGradientOptions, check_policy_gradient, lora_rank
+from astraflow.rl.options import (
+    PolicyGradientOptions,
+    check_policy_gradient,
+    lora_rank,
+    parallel_sizes,
+)
+from astraflow.schema import setting
 
 
 @dataclass
@@ -19,16 +25,27 @@ class MegatronConfig(PolicyGradientOptions):
     ``world_size`` ranks split into tensor-parallel groups of
     ``tensor_model_parallel_size``, ``pipeline_model_parallel_size`` stages of equal
     numbers of layers, and data-parallel replicas; on CUDA GPUs with NCCL, without CUDA
-    on CPUs with gloo.
+    on CPUs with gloo. A mixture-of-experts model's experts are split over
+    ``expert_model_parallel_size`` of the replicas (each holds its share of every MoE
+    layer's experts; tokens reach them by all-gather).
     """
+
+    expert_model_parallel_size: int = setting(1, ge=1)
 
     name: str = "megatron"
 
 
 
 #: model types whose decoder layer is Megatron's local GPT layer with RMSNorm + SwiGLU
-#: (Mistral's is Llama's, as long as no sliding window limits attention)
-SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+#: (Mistral's is Llama's, as long as no sliding window limits attention), with a
+#: mixture-of-experts layer of SwiGLU experts in place of the MLP for the last two
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral")
+MOE = ("qwen3_moe", "mixtral")
+
+
+def num_experts(cfg: dict[str, Any]) -> int:
+    """The routed experts of a mixture-of-experts ``config.json`` (0: a dense model)."""
+    return int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
 
 
 def check_checkpoint(model_dir: str | Path) -> dict[str, Any]:
@@ -54,8 +71,13 @@ def check_checkpoint(model_dir: str | Path) -> dict[str, Any]:
     }
     if kind != "qwen2":  # qwen2 always has q/k/v biases; llama and qwen3 add o_proj's too
         refused["attention_bias"] = (cfg.get("attention_bias", False), False)
-    if kind == "mistral":  # a window needs a mask Megatron's local layer does not build
+    if kind in ("mistral", "mixtral"):  # a window needs a mask Megatron's layer lacks
         refused["sliding_window"] = (cfg.get("sliding_window"), None)
+    if kind == "qwen3_moe":  # every layer routed: Megatron's layers are all MoE or none
+        refused["decoder_sparse_step"] = (cfg.get("decoder_sparse_step", 1), 1)
+        refused["mlp_only_layers"] = (cfg.get("mlp_only_layers") or [], [])
+    if kind == "mixtral":  # noise on the router's logits while training
+        refused["router_jitter_noise"] = (cfg.get("router_jitter_noise") or 0.0, 0.0)
     for key, (got, want) in refused.items():
         if got != want:
             raise ValueError(f"{path}: {key}={got!r} is not supported (only {want!r})")
@@ -67,8 +89,26 @@ def check_config(config, model_path: str | None = None) -> None:
     (the launcher's pre-flight and the backend both call it); with ``model_path``, the
     checkpoint too."""
     check_policy_gradient(config)
+    experts = None
     if model_path is not None:
-        check_checkpoint(model_path)
+        experts = num_experts(check_checkpoint(model_path))
+    ep = int(getattr(config, "expert_model_parallel_size", 1) or 1)
+    dp, tp, _ = parallel_sizes(config)
+    if experts and tp > 1:
+        raise ValueError(f"trainer.tensor_model_parallel_size={tp} with the mixture-of-"
+                         f"experts model {model_path}: Megatron splits experts over tensor-"
+                         "parallel ranks only with sequence parallelism, which trainer="
+                         "megatron does not run; split them with expert_model_parallel_size")
+    if ep > 1:
+        if experts == 0:
+            raise ValueError(f"trainer.expert_model_parallel_size={ep}: {model_path} is a "
+                             "dense model (no experts to split)")
+        if dp % ep:
+            raise ValueError(f"trainer.expert_model_parallel_size={ep} does not divide the "
+                             f"{dp} data-parallel replicas (the ranks experts are split over)")
+        if experts and experts % ep:
+            raise ValueError(f"trainer.expert_model_parallel_size={ep} does not divide the "
+                             f"{experts} experts of {model_path}")
     if lora_rank(config):
         # Megatron-core has no adapter layers of its own; tensor-parallel adapters
         # would need sharded A/B matrices beside every Column/RowParallelLinear

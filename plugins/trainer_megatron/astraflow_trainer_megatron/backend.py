@@ -27,6 +27,7 @@ shards are joined and split again), and at any number of replicas.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -47,6 +48,7 @@ from astraflow_trainer_megatron import check_config
 with warnings.catch_warnings():
     # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    import megatron.core.transformer.moe.moe_utils as _moe_utils
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -54,6 +56,11 @@ with warnings.catch_warnings():
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from astraflow_trainer_megatron import convert, parallel
+
+    # the router's linear asks for Transformer Engine's GEMM by a name only bound when
+    # Transformer Engine imports; without it the torch path is meant to run
+    if not hasattr(_moe_utils, "te_general_gemm"):
+        _moe_utils.te_general_gemm = None
 
 
 
@@ -84,11 +91,14 @@ def _build_model(
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=device.type == "cpu",
         perform_initialization=False,
+        **_moe_settings(arch),
     )
     with torch.device(device), parallel.megatron_device():
         model = GPTModel(
             config,
-            get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
+            get_gpt_layer_local_spec(num_experts=arch.num_experts or None,
+                                     moe_grouped_gemm=False, normalization="RMSNorm",
+                                     qk_layernorm=arch.qk_norm),
             vocab_size=vocab_rows,
             max_sequence_length=arch.max_positions,
             parallel_output=False,  # full-vocabulary logits on every rank
@@ -101,6 +111,38 @@ def _build_model(
             post_process=parallel_state.is_pipeline_last_stage(),
         )
     return model
+
+
+def _moe_settings(arch: convert.Architecture) -> dict[str, Any]:
+    """A mixture-of-experts layer as ``transformers`` computes it: the top-k experts of
+    the router's scores, weighted by the softmax over those k (over all experts with
+    ``moe_pre_softmax``), every token kept (no capacity), no auxiliary loss (the HF
+    trainer adds none either). Tokens reach the experts by all-gather: the all-to-all
+    dispatcher needs CUDA streams."""
+    if not arch.num_experts:
+        return {}
+    return {
+        "num_moe_experts": arch.num_experts,
+        "moe_router_topk": arch.moe_topk,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        "moe_router_pre_softmax": arch.moe_pre_softmax,
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+        "moe_permute_fusion": False,
+        "moe_router_dtype": "fp32",
+        "expert_model_parallel_size": _ep_size(),
+    }
+
+
+def _ep_size() -> int:
+    return parallel_state.get_expert_model_parallel_world_size()
+
+
+def _ep_rank() -> int:
+    return parallel_state.get_expert_model_parallel_rank()
 
 
 def _tp_size() -> int:
@@ -120,6 +162,19 @@ def _pp_rank() -> int:
 
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
+def _expert(name: str) -> int | None:
+    """The expert index in a parameter's name (None: not an expert's)."""
+    match = _EXPERT.search(name)
+    return None if match is None else int(match[1])
+
+
+def _renumber_expert(name: str, index: int) -> str:
+    match = _EXPERT.search(name)
+    assert match is not None
+    return f"{name[:match.start(1)]}{index}{name[match.end(1):]}"
 
 
 class MegatronTrainerBackend(PolicyGradientBackend):
@@ -133,6 +188,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
 
     def __init__(self, config: Any, model_path: str) -> None:
         super().__init__(config, model_path)  # dtypes and torch threads
+        check_config(config, model_path)  # the checkpoint and the layout together
         self.arch = convert.Architecture.from_hf(model_path)
         if self.arch.num_layers % config.pipeline_model_parallel_size:
             raise ValueError(
@@ -142,7 +198,10 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self.device = parallel.initialize(
             config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
             max(1, math.ceil(config.collective_timeout / 60)),
+            expert_parallel=config.expert_model_parallel_size,
         )
+        #: experts each expert-parallel rank holds of every MoE layer
+        self.local_experts = self.arch.num_experts // _ep_size()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
@@ -167,22 +226,36 @@ class MegatronTrainerBackend(PolicyGradientBackend):
 
     # -- pipeline stages: parameter names, and activations between stages ---------------
 
-    def _global(self, name: str) -> str:
-        """A parameter's name in the whole model: this stage's layers renumbered."""
+    def _global(self, name: str, ep_rank: int | None = None) -> str:
+        """A parameter's name in the whole model: this stage's layers renumbered, and
+        an expert numbered among all experts (as ``ep_rank`` holds it; default: this
+        rank)."""
         match = _LAYER.match(name)
         if match is None:
             return name
-        return f"decoder.layers.{int(match[1]) + self.layer_offset}.{name[match.end():]}"
+        name = f"decoder.layers.{int(match[1]) + self.layer_offset}.{name[match.end():]}"
+        expert = _expert(name)
+        if expert is not None:
+            rank = _ep_rank() if ep_rank is None else ep_rank
+            name = _renumber_expert(name, rank * self.local_experts + expert)
+        return name
 
     def _local(self, name: str) -> str | None:
-        """A whole-model name as this stage calls it (None: another stage's)."""
+        """A whole-model name as this stage and expert rank call it (None: another
+        stage's or another expert-parallel rank's)."""
         match = _LAYER.match(name)
         if match is None:
             return name
         local = int(match[1]) - self.layer_offset
         if not 0 <= local < self.num_local_layers:
             return None
-        return f"decoder.layers.{local}.{name[match.end():]}"
+        name = f"decoder.layers.{local}.{name[match.end():]}"
+        expert = _expert(name)
+        if expert is not None:
+            if expert // self.local_experts != _ep_rank():
+                return None
+            name = _renumber_expert(name, expert % self.local_experts)
+        return name
 
     def _pp_peer(self, stage: int) -> int:
         return dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())[
@@ -233,11 +306,26 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         pad = json.loads((Path(self.model_path) / "config.json").read_text()).get("pad_token_id")
         return 0 if pad is None else int(pad)
 
-    def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[b, T, V]`` without vocabulary padding.
+    def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Logits ``[b, T, V]`` without vocabulary padding (None before the last stage).
 
-        The causal mask is explicit: Megatron's default one is built on CUDA.
+        The causal mask is explicit: Megatron's default one is built on CUDA. With
+        experts split over ranks, every rank's forward gathers the others' tokens in
+        equal shares: the ranks pad their micro-batches to one shape (rows and columns
+        of padding, whose logits are cut off again).
         """
+        rows, columns = tokens.shape
+        if _ep_size() > 1:
+            shape = torch.tensor([rows, columns], device=self.device)
+            dist.all_reduce(shape, op=dist.ReduceOp.MAX,
+                            group=parallel_state.get_expert_model_parallel_group())
+            tokens = torch.nn.functional.pad(
+                tokens, (0, int(shape[1]) - columns, 0, int(shape[0]) - rows),
+                value=self.pad_token_id)
+        out = self._logits(model, tokens)
+        return None if out is None else out[:rows, :columns]
+
+    def _logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor | None:
         width = tokens.shape[1]
         positions = torch.arange(width, device=self.device).expand_as(tokens)
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).triu(1)
@@ -283,13 +371,22 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                 "embedding.word_embeddings.weight" if self.first_stage
                 else "output_layer.weight"]
             dist.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
-        if self.dp_size == 1:
-            return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-            g.copy_(part.view_as(g))
+        # an expert's gradient already sums the tokens of every rank its experts are
+        # split over (they were all-gathered to it): it is summed over the replicas of
+        # the same experts alone
+        grads = [(p.grad, _expert(n) is not None) for n, p in self.model.named_parameters()
+                 if p.grad is not None]
+        for expert, group, size in (
+                (False, self.dp_group, self.dp_size),
+                (True, parallel_state.get_expert_data_parallel_group(),
+                 parallel_state.get_expert_data_parallel_world_size())):
+            mine = [g for g, is_expert in grads if is_expert == expert]
+            if size == 1 or not mine:
+                continue
+            flat = torch.cat([g.flatten() for g in mine])
+            dist.all_reduce(flat, group=group)
+            for g, part in zip(mine, flat.split([g.numel() for g in mine]), strict=True):
+                g.copy_(part.view_as(g))
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """``clip_grad_norm_`` over the whole model, whichever rank holds which shard.
@@ -298,19 +395,23 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         across tensor-parallel ranks, and pipeline stages add theirs (a tied output
         layer is the first stage's embedding: counted there).
         """
-        if _tp_size() == 1 and _pp_size() == 1:
+        if _tp_size() == 1 and _pp_size() == 1 and _ep_size() == 1:
             return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         grads = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
         counted = [(n, g) for n, g in grads if not (
             self.arch.tied and n == "output_layer.weight" and not self.first_stage)]
         zero = torch.zeros((), device=self.device)
+        experts = sum((g.float().pow(2).sum() for n, g in counted
+                       if _expert(n) is not None), zero)
         sharded = sum((g.float().pow(2).sum() for n, g in counted
-                       if convert.split_dim(n) is not None), zero)
+                       if convert.split_dim(n) is not None and _expert(n) is None), zero)
         replicated = sum((g.float().pow(2).sum() for n, g in counted
-                          if convert.split_dim(n) is None), zero)
+                          if convert.split_dim(n) is None and _expert(n) is None), zero)
         if _tp_size() > 1:
             dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
-        total = sharded + replicated
+        if _ep_size() > 1:  # each expert-parallel rank holds its own experts
+            dist.all_reduce(experts, group=parallel_state.get_expert_model_parallel_group())
+        total = sharded + replicated + experts
         if _pp_size() > 1:
             dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
         norm = float(total.sqrt())
@@ -328,7 +429,13 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         size = _tp_size()
         full = {}
         group = parallel_state.get_tensor_model_parallel_group()
+        ep_group = parallel_state.get_expert_model_parallel_group()
         for name, tensor in params.items():
+            if _expert(name) is not None and _ep_size() > 1:  # from every expert rank
+                parts = [torch.empty_like(tensor) for _ in range(_ep_size())]
+                dist.all_gather(parts, tensor.contiguous(), group=ep_group)
+                full.update({self._global(name, rank): part for rank, part in enumerate(parts)})
+                continue
             if size == 1 or convert.split_dim(name) is None:
                 full[self._global(name)] = tensor
                 continue
@@ -380,9 +487,10 @@ class MegatronTrainerBackend(PolicyGradientBackend):
     # -- persistence ---------------------------------------------------------------
 
     @staticmethod
-    def _shard_file(kind: str, tp_rank: int, pp_rank: int, tp: int, pp: int) -> str:
+    def _shard_file(kind: str, tp_rank: int, pp_rank: int, tp: int, pp: int,
+                    ep_rank: int = 0, ep: int = 1) -> str:
         return (f"{kind}{f'-tp{tp_rank}' if tp > 1 else ''}{f'-pp{pp_rank}' if pp > 1 else ''}"
-                ".safetensors")
+                f"{f'-ep{ep_rank}' if ep > 1 else ''}.safetensors")
 
     def save_checkpoint(self, path: str) -> None:
         """Parameters and AdamW moments as safetensors, by whole-model names, one file
@@ -393,16 +501,22 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         params = dict(self.model.named_parameters())
-        if self.dp_rank != 0:  # the replicas hold the same numbers
+        # the replicas hold the same numbers: the first writes; experts split over
+        # expert-parallel ranks are written by the first replica of each, in a file of
+        # its own
+        if parallel_state.get_expert_data_parallel_rank() != 0:
             dist.barrier()
             return
-        mine = self._shard_file("{}", _tp_rank(), _pp_rank(), _tp_size(), _pp_size())
+        if self.dp_rank != 0:
+            params = {k: v for k, v in params.items() if _expert(k) is not None}
+        mine = self._shard_file("{}", _tp_rank(), _pp_rank(), _tp_size(), _pp_size(),
+                                _ep_rank(), _ep_size())
         save_file({self._global(k): v.detach().contiguous() for k, v in params.items()},
                   str(out / mine.format("model")))
         names = {id(p): self._global(name) for name, p in params.items()}
         moments = {
             f"{names[id(param)]}::{key}": value.detach().contiguous()
-            for param, state in self.optimizer.state.items()
+            for param, state in self.optimizer.state.items() if id(param) in names
             for key, value in state.items()
         }
         save_file(moments, str(out / mine.format("optimizer")))
@@ -419,6 +533,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                 "dtype": self.config.dtype,
                 "tensor_model_parallel_size": _tp_size(),
                 "pipeline_model_parallel_size": _pp_size(),
+                "expert_model_parallel_size": _ep_size(),
                 "param_groups": groups,
             }
             (out / self.state_file).write_text(json.dumps(state, indent=2))
@@ -429,7 +544,8 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         src = Path(path)
         state = self.checkpoint_state(path)
         layout = (state["tensor_model_parallel_size"],
-                  state.get("pipeline_model_parallel_size", 1))
+                  state.get("pipeline_model_parallel_size", 1),
+                  state.get("expert_model_parallel_size", 1))
         params = dict(self.model.named_parameters())
         saved = self._read_shards(src, "model", *layout)
         missing = sorted(set(params) - set(saved))
@@ -453,7 +569,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self.step = int(state["step"])
 
     def _read_shards(self, src: Path, kind: str, saved_tp: int,
-                     saved_pp: int) -> dict[str, torch.Tensor]:
+                     saved_pp: int, saved_ep: int = 1) -> dict[str, torch.Tensor]:
         """This rank's part of each tensor of ``kind`` that its stage holds, by this
         stage's names, from files saved at ``saved_tp`` x ``saved_pp`` ranks.
 
@@ -464,9 +580,10 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         params = dict(self.model.named_parameters())
         index: dict[str, list[Any]] = {}
         with contextlib.ExitStack() as stack:
-            for pp_rank in range(saved_pp):
+            for pp_rank, ep_rank in itertools.product(range(saved_pp), range(saved_ep)):
                 handles = [stack.enter_context(safe_open(
-                    str(src / self._shard_file(kind, tp_rank, pp_rank, saved_tp, saved_pp)),
+                    str(src / self._shard_file(kind, tp_rank, pp_rank, saved_tp, saved_pp,
+                                               ep_rank, saved_ep)),
                     framework="pt")) for tp_rank in range(saved_tp)]
                 for key in handles[0].keys():  # noqa: SIM118 (a safetensors handle)
                     index[key] = handles

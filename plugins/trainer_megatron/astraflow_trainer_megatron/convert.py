@@ -6,6 +6,10 @@ group is that group's query heads, then its key head, then its value head) and t
 SwiGLU gate and up projections in one ``linear_fc1`` (gate first). Both RoPE
 conventions rotate halves, so no permutation of q or k is needed.
 
+A mixture-of-experts layer (Qwen3-MoE, Mixtral) is a router (``mlp.router``, the
+checkpoint's ``gate``) and one ``linear_fc1``/``linear_fc2`` pair per expert
+(``mlp.experts.local_experts.<e>``, numbered over the whole model here).
+
 Tensor parallelism splits the fused tensors by whole KV groups and by gate/up halves,
 so :func:`shard` and :func:`unshard` know the same structure. Only torch is imported
 here: converting needs no Megatron.
@@ -16,11 +20,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from astraflow_trainer_megatron import check_checkpoint
+from astraflow_trainer_megatron import check_checkpoint, num_experts
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,16 @@ class Architecture:
     tied: bool
     qkv_bias: bool
     qk_norm: bool
+    #: routed experts per layer (0: a dense model), experts per token, an expert's width
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    #: the top-k experts' weights are the softmax over all experts' scores, not
+    #: renormalised over the k (Qwen3-MoE's ``norm_topk_prob=false``)
+    moe_pre_softmax: bool = False
+    #: the checkpoint's names of an MoE layer and of one expert's gate, up and down
+    moe_module: str = "mlp"
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
 
     @classmethod
     def from_hf(cls, model_dir: str | Path) -> Architecture:
@@ -48,6 +63,16 @@ class Architecture:
         kind = cfg["model_type"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         heads = cfg["num_attention_heads"]
+        experts = num_experts(cfg)
+        moe: dict[str, Any] = {}
+        if experts:
+            moe = {"num_experts": experts, "moe_topk": int(cfg["num_experts_per_tok"]),
+                   "moe_ffn_hidden_size": int(cfg.get("moe_intermediate_size")
+                                              or cfg["intermediate_size"])}
+        if kind == "qwen3_moe":
+            moe["moe_pre_softmax"] = not cfg.get("norm_topk_prob", False)
+        if kind == "mixtral":
+            moe.update(moe_module="block_sparse_moe", expert_projections=("w1", "w3", "w2"))
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -61,7 +86,8 @@ class Architecture:
             max_positions=cfg["max_position_embeddings"],
             tied=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=kind == "qwen2",
-            qk_norm=kind == "qwen3",
+            qk_norm=kind in ("qwen3", "qwen3_moe"),
+            **moe,
         )
 
 
@@ -85,8 +111,30 @@ _RENAMES = (  # (megatron layer suffix, hugging face layer suffix)
     ("input_layernorm.weight", "input_layernorm.weight"),
     ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
     ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
-    ("mlp.linear_fc2.weight", "mlp.down_proj.weight"),
 )
+_DENSE_FC2 = (("mlp.linear_fc2.weight", "mlp.down_proj.weight"),)
+
+
+def _renames(arch: Architecture) -> tuple[tuple[str, str], ...]:
+    """(megatron, hugging face) layer suffixes of the tensors that only change names."""
+    renames = _RENAMES + (_QK_NORMS if arch.qk_norm else ())
+    if not arch.num_experts:
+        return renames + _DENSE_FC2
+    down, moe = arch.expert_projections[2], arch.moe_module
+    experts = [(f"mlp.experts.local_experts.{e}.linear_fc2.weight",
+                f"{moe}.experts.{e}.{down}.weight") for e in range(arch.num_experts)]
+    return (*renames, ("mlp.router.weight", f"{moe}.gate.weight"), *experts)
+
+
+def _fc1(arch: Architecture) -> list[tuple[str, str, str]]:
+    """(megatron ``linear_fc1``, hugging face gate, hugging face up) layer suffixes."""
+    if not arch.num_experts:
+        return [("mlp.linear_fc1.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight")]
+    gate, up, _ = arch.expert_projections
+    moe = arch.moe_module
+    return [(f"mlp.experts.local_experts.{e}.linear_fc1.weight",
+             f"{moe}.experts.{e}.{gate}.weight", f"{moe}.experts.{e}.{up}.weight")
+            for e in range(arch.num_experts)]
 _QK_NORMS = (
     ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
     ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
@@ -139,11 +187,9 @@ def hf_to_megatron(
         out["output_layer.weight"] = pad_rows(hf["lm_head.weight"], rows)
     for i in range(arch.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        renames = _RENAMES + (_QK_NORMS if arch.qk_norm else ())
-        out.update({dst + m: hf[src + h] for m, h in renames})
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
-            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
-        )
+        out.update({dst + m: hf[src + h] for m, h in _renames(arch)})
+        for fc1, gate, up in _fc1(arch):
+            out[dst + fc1] = torch.cat([hf[src + gate], hf[src + up]])
         for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
             q, k, v = (hf[f"{src}self_attn.{p}_proj.{kind}"] for p in "qkv")
             out[f"{dst}self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, arch)
@@ -165,10 +211,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], arch: Architecture) -> dict[str,
     }
     for i in range(arch.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        renames = _RENAMES + (_QK_NORMS if arch.qk_norm else ())
-        out.update({dst + h: mg[src + m] for m, h in renames})
-        gate, up = mg[src + "mlp.linear_fc1.weight"].chunk(2)
-        out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
+        out.update({dst + h: mg[src + m] for m, h in _renames(arch)})
+        for fc1, gate, up in _fc1(arch):
+            out[dst + gate], out[dst + up] = mg[src + fc1].chunk(2)
         for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
             qkv = _split_qkv(mg[f"{src}self_attention.linear_qkv.{kind}"], arch)
             for p, tensor in zip("qkv", qkv, strict=True):

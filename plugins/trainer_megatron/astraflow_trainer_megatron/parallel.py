@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 
 def initialize(tensor_parallel: int, pipeline_parallel: int,
-               timeout_minutes: int = 10) -> torch.device:
+               timeout_minutes: int = 10, expert_parallel: int = 1) -> torch.device:
     """Process group + Megatron's model-parallel groups; returns this rank's device.
 
     Idempotent within a process: a second backend (a KL reference, a test) reuses the
@@ -94,15 +94,17 @@ def initialize(tensor_parallel: int, pipeline_parallel: int,
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if have != (tensor_parallel, pipeline_parallel):
+        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
             raise ValueError(
-                f"this process already runs Megatron with tensor/pipeline parallel sizes {have}, "
-                f"not {(tensor_parallel, pipeline_parallel)}"
+                f"this process already runs Megatron with tensor/pipeline/expert parallel "
+                f"sizes {have}, not {(tensor_parallel, pipeline_parallel, expert_parallel)}"
             )
     else:
         with megatron_device():
             parallel_state.initialize_model_parallel(
-                tensor_parallel, pipeline_parallel, distributed_timeout_minutes=timeout_minutes)
+                tensor_parallel, pipeline_parallel, distributed_timeout_minutes=timeout_minutes,
+                expert_model_parallel_size=expert_parallel)
             model_parallel_cuda_manual_seed(_RNG_SEED, inference_rng_tracker=cpu_mode())
     return torch.device("cpu") if cpu_mode() else torch.device("cuda", torch.cuda.current_device())

@@ -40,6 +40,9 @@ CONFIGS = {
 #: whole checkpoints, made in the given directory
 CHECKPOINTS = {
     "mistral": lambda path: make_chat_model(path, arch="mistral"),
+    # mixture-of-experts layers: a router and one matrix per expert, top-2 of four
+    "qwen3_moe": lambda path: make_chat_model(path, arch="qwen3_moe"),
+    "mixtral": lambda path: make_chat_model(path, arch="mixtral"),
 }
 
 
@@ -90,6 +93,30 @@ def test_unsupported_checkpoints_and_layouts_are_refused_clearly(
         _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=2, world_size=2)
     with pytest.raises(ValueError, match="2 layers: not divisible into"):
         _megatron(Path(tiny_model_dir), pipeline_model_parallel_size=3, world_size=3)
+
+
+def test_moe_layouts_megatron_cannot_run_are_refused_clearly(tmp_path: Path,
+                                                             tiny_model_dir: str) -> None:
+    moe = make_chat_model(tmp_path / "moe", arch="qwen3_moe")
+    with pytest.raises(ValueError) as info:
+        _megatron(Path(moe), tensor_model_parallel_size=2, world_size=2)
+    assert str(info.value) == (
+        f"trainer.tensor_model_parallel_size=2 with the mixture-of-experts model {moe}: "
+        "Megatron splits experts over tensor-parallel ranks only with sequence parallelism, "
+        "which trainer=megatron does not run; split them with expert_model_parallel_size")
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=3 does not divide "
+                                         r"the 3 data-parallel replicas|does not divide the 4 "
+                                         r"experts"):
+        _megatron(Path(moe), expert_model_parallel_size=3, world_size=3)
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=2 does not divide the 1 "
+                                         r"data-parallel"):
+        _megatron(Path(moe), expert_model_parallel_size=2)
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=2: .* is a dense model"):
+        _megatron(Path(tiny_model_dir), expert_model_parallel_size=2, world_size=2)
+    config = json.loads((Path(moe) / "config.json").read_text())
+    (Path(moe) / "config.json").write_text(json.dumps({**config, "mlp_only_layers": [1]}))
+    with pytest.raises(ValueError, match=r"mlp_only_layers=\[1\] is not supported \(only \[\]\)"):
+        _megatron(Path(moe))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU mode exists only without CUDA")

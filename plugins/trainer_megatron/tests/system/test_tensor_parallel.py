@@ -60,3 +60,22 @@ def test_four_ranks_in_two_dimensions_match_one_process(tiny_model_dir: str, tmp
     every reduction must stay in its own group (four gloo ranks on the CPU)."""
     check_ranks_match_one_process("megatron", tiny_model_dir, tmp_path,
                                   {"world_size": 4, **layout})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [
+    {"expert_model_parallel_size": 2},  # two experts of four on each rank
+    {},  # every expert on both replicas: their gradients summed over the two
+], ids=["ep2", "dp2"])
+def test_a_moe_models_experts_over_two_ranks_match_one_process(moe_model_dir: str,
+                                                               tmp_path: Path,
+                                                               layout: dict) -> None:
+    """A Qwen3-MoE checkpoint (four experts, top-2) with its experts split over two
+    gloo ranks (tokens all-gathered to them) or replicated: the same steps, log-probs,
+    checkpoints (one file per expert rank) and final weights as one process."""
+    check_ranks_match_one_process("megatron", moe_model_dir, tmp_path,
+                                  {"world_size": 2, **layout})
+    if layout:
+        assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == sorted(
+            [f"{kind}-ep{r}.safetensors" for kind in ("model", "optimizer") for r in (0, 1)]
+            + ["trainer_state.json"])
