@@ -355,6 +355,7 @@ class DataflowService:
                 "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
                 (policy, version),
             )
+            self.versions.save(conn)
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
                          (gone,))
             self.algorithms.save(conn, plugins)

@@ -18,6 +18,7 @@ the bound comes down.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from collections.abc import Callable
@@ -41,6 +42,10 @@ def derived_staleness(spread: tuple[float, float] | None, step_seconds: float | 
     return max(DERIVED_MIN, min(DERIVED_MAX, steps))
 
 
+#: the ``meta`` row that keeps each derived bound's highest value across restarts
+_HIGHEST = "staleness_highest"
+
+
 class Versions:
     def __init__(self, max_staleness: dict[str, int | None],
                  measured: Callable[[str], Measured] | None = None) -> None:
@@ -57,6 +62,17 @@ class Versions:
         for policy, version in conn.execute("SELECT policy, version FROM versions"):
             if policy in self._versions:
                 self._versions[policy] = version
+        # what was admitted under a widened bound before a restart is still trainable
+        # after it, before the turnarounds are measured again
+        for (value,) in conn.execute("SELECT value FROM meta WHERE key = ?", (_HIGHEST,)):
+            for policy, bound in json.loads(value).items():
+                if policy in self._highest:
+                    self._highest[policy] = max(self._highest[policy], int(bound))
+
+    def save(self, conn: sqlite3.Connection) -> None:
+        """Keep the highest derived bounds (with each new version)."""
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                     (_HIGHEST, json.dumps(self._highest)))
 
     @property
     def policies(self) -> list[str]:

@@ -94,3 +94,38 @@ def test_an_unset_staleness_bound_follows_the_slow_groups_and_a_set_one_stays():
     assert versions.stale("auto", 1)  # 11 behind: past the highest bound
     groups([0.05, 0.05, 0.05, 0.05, 30.0] * 60)  # some groups take minutes: the ceiling
     assert versions.max_staleness("auto") == DERIVED_MAX
+
+
+def test_the_widest_derived_bound_outlives_a_data_layer_restart(tmp_path):
+    """Samples admitted under a bound widened to 10 are still trainable after the data
+    layer restarts, before any turnaround is measured again (the bound alone would be 3)."""
+    import sqlite3
+
+    from astraflow.dataflow.pacing import Pacing
+    from astraflow.dataflow.store import SCHEMA
+    from astraflow.dataflow.versions import DERIVED_MIN, Versions
+
+    now = [0.0]
+    pacing = Pacing(clock=lambda: now[0])
+    before = Versions({"auto": None}, lambda policy: (
+        pacing.turnaround_spread(), pacing.compute_interval(policy)))
+    pacing.acked("auto", wait_seconds=0.0, step_seconds=0.1)
+    pacing.acked("auto", wait_seconds=0.1, step_seconds=0.2)
+    for i, seconds in enumerate([0.05, 0.05, 0.05, 0.05, 0.8] * 60):
+        pacing.leased(f"t{i}")
+        now[0] += seconds
+        pacing.accepted(f"t{i}", "node")
+    assert before.max_staleness("auto") == 10
+    before.advance("auto", 10)
+    conn = sqlite3.connect(tmp_path / "state.db")
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT INTO versions(policy, version) VALUES ('auto', 10)")
+    before.save(conn)
+    conn.commit()
+
+    after = Versions({"auto": None}, None)  # restarted: nothing measured
+    after.load(sqlite3.connect(tmp_path / "state.db"))
+    assert after["auto"] == 10 and after.max_staleness("auto") == DERIVED_MIN
+    assert not after.stale("auto", 0)  # 10 behind
+    after.advance("auto", 11)
+    assert after.stale("auto", 0)  # 11 behind: past the widest bound
