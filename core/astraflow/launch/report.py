@@ -75,13 +75,18 @@ def _refresh_summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
     delays = sorted(r["since_published"] for r in loads
                     if r.get("since_published") is not None and r["version"] > 0)
     took = [r["load_seconds"] for r in loads if r["version"] > 0]
+    drained = [r["drain_seconds"] for r in loads
+               if r["version"] > 0 and r.get("drain_seconds") is not None]
     if not delays:
         return {"loads": len(took)}
-    return {"loads": len(took),
-            "since_published_mean": round(sum(delays) / len(delays), 4),
-            "since_published_p90": delays[min(len(delays) - 1, int(0.9 * len(delays)))],
-            "since_published_max": delays[-1],
-            "load_seconds_mean": round(sum(took) / len(took), 4)}
+    out = {"loads": len(took),
+           "since_published_mean": round(sum(delays) / len(delays), 4),
+           "since_published_p90": delays[min(len(delays) - 1, int(0.9 * len(delays)))],
+           "since_published_max": delays[-1],
+           "load_seconds_mean": round(sum(took) / len(took), 4)}
+    if drained:  # of the load, waiting for the generations in flight to finish
+        out["drain_seconds_mean"] = round(sum(drained) / len(drained), 4)
+    return out
 
 
 def _wait_fraction(train: list[dict[str, Any]]) -> float | None:

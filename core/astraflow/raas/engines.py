@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ class ServedPolicy:
 
     def __init__(self, name: str, backend: RolloutBackend, adapter: bool) -> None:
         self.name, self.backend, self.adapter = name, backend, adapter
+        #: of the last load, the seconds spent waiting for the generations in flight to
+        #: finish before it (None: swapped in under them, with partial rollouts)
+        self.drained: float | None = None
 
     @property
     def version(self) -> int:
@@ -58,13 +62,16 @@ class ServedPolicy:
                 f" but this node {'serves adapters' if self.adapter else 'serves whole models'}"
                 " (trainer.lora.rank differs between the trainer and this node's config)")
         if adapter is None and partial:
+            self.drained = None
             await self.backend.swap_weights(str(path), version)
             return
         if adapter is not None:  # checked and laid out before the engine pauses
             model_path = self.backend.model_path
             await asyncio.to_thread(check_adapter, adapter, model_path, self.name, version)
             await asyncio.to_thread(write_peft_dir, path, adapter)
+        started = time.perf_counter()
         await self.backend.pause()
+        self.drained = time.perf_counter() - started
         try:
             if adapter is None:
                 await self.backend.load_weights(str(path), version)

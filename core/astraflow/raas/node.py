@@ -176,16 +176,19 @@ class RaaSNode:
                 except (ValueError, KeyError, RuntimeError) as exc:
                     raise WeightsLoadError(f"node {self.name}: {policy} version {version} "
                                            f"does not load: {exc}") from exc
-                self._refreshed(policy, version, path, time.time() - started)
+                self._refreshed(policy, version, path, time.time() - started,
+                                getattr(backend, "drained", None))
                 loaded = True
         if loaded:
             self._loaded.set()
         return loaded
 
-    def _refreshed(self, policy: str, version: int, path: Path, load_seconds: float) -> None:
+    def _refreshed(self, policy: str, version: int, path: Path, load_seconds: float,
+                   drained: float | None = None) -> None:
         """A version now serves: how long after its publication, and how long the load
         took (with the engine paused, that includes waiting for the generations in flight
-        to finish). One JSON line per load in ``metrics/refresh-<node>.jsonl``."""
+        to finish: ``drain_seconds`` of it). One JSON line per load in
+        ``metrics/refresh-<node>.jsonl``."""
         from astraflow.weights.store import MANIFEST
 
         created = json.loads((path / MANIFEST).read_text()).get("created")
@@ -193,6 +196,8 @@ class RaaSNode:
                   "policy": policy, "version": version,
                   "load_seconds": round(load_seconds, 4),
                   "since_published": round(time.time() - created, 4) if created else None}
+        if drained is not None:
+            record["drain_seconds"] = round(drained, 4)
         self.refresh_log.parent.mkdir(parents=True, exist_ok=True)
         with self.refresh_log.open("a") as fh:
             fh.write(json.dumps(record) + "\n")

@@ -49,3 +49,25 @@ def test_generations_in_flight_go_on_with_new_weights_and_say_so(tmp_path, tiny_
             assert traj.min_version >= step - 1 - 2
             mixed += len(set(own)) > 1
     assert mixed > 0, "no generation went on across a weight load"
+
+
+def test_without_them_a_refresh_says_how_long_it_waited_for_the_generations(tmp_path,
+                                                                            tiny_model_dir):
+    """The simulated engine loads at once, so a node's refresh is almost all waiting for
+    the long generations in flight to finish; each refresh record and the summary say
+    how much (``drain_seconds``), apart from the load itself."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "raas=sim", "raas.token_seconds=0.01",
+         "workflow.max_new_tokens=128", "steps=4", "eval_every=4", "batch_size=16",
+         "group_size=4", f"model.path={tiny_model_dir}", f"run_dir={run_dir}",
+         "launcher.progress=false"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loads = [json.loads(line) for line in
+             (run_dir / "metrics" / "refresh-node-0.jsonl").read_text().splitlines()]
+    later = [r for r in loads if r["version"] > 0]
+    assert later and all(0 <= r["drain_seconds"] <= r["load_seconds"] for r in later)
+    refresh = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"][
+        "refresh"]
+    assert refresh["drain_seconds_mean"] > 0.5 * refresh["load_seconds_mean"] > 0
