@@ -22,6 +22,7 @@ balanced accuracy at every evaluation, and what the retries did (answers fixed a
 broken per task). The gain counts only if it beats the seed-to-seed spread.
 
 Usage: python bench/multipolicy.py [--steps 40] [--batch-size 64] [--accuracy]
+[--pair workflow.retries=3]
 Writes bench/results/multipolicy.json.
 """
 
@@ -77,6 +78,9 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true", help="only --accuracy")
     parser.add_argument("--task", default="subset_sum", choices=("subset_sum", "arithmetic"),
                         help="the --accuracy task (its own reward)")
+    parser.add_argument("--pair", nargs="+", default=[], metavar="OVERRIDE",
+                        help="--accuracy: settings of the pair's run alone, e.g. "
+                             "workflow.retries=3 (results kept under their own key)")
     args = parser.parse_args()
     common = [f"steps={args.steps}", f"batch_size={args.batch_size}",
               f"group_size={args.group_size}", f"seed={args.seed}",
@@ -100,7 +104,8 @@ def main() -> None:
             print(f"async is {speedup:.2f}x faster per iteration than sync "
                   f"(paper: 212.64 s vs 77.65 s = 2.74x)", flush=True)
         if args.accuracy:
-            results["accuracy"] = accuracy(args, root)
+            key = "accuracy" + "".join(f" {o}" for o in args.pair)
+            results[key] = accuracy(args, root)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     # a run of one part (--skip-speed) keeps the other part's last figures
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -122,14 +127,15 @@ def _balanced(verdicts: dict, prefix: str = "eval") -> float | None:
 
 def accuracy(args: argparse.Namespace, root: Path) -> dict:
     """Held-out accuracy with and without a verifier, per seed, and why."""
-    out: dict = {"task": args.task, "seeds": {}}
+    out: dict = {"task": args.task, "pair_overrides": list(args.pair), "seeds": {}}
     reward = "subset_sum" if args.task == "subset_sum" else "exact_match"
     common = [f"task={args.task}", f"reward={reward}", f"steps={args.accuracy_steps}",
               f"batch_size={args.accuracy_batch_size}", f"group_size={args.group_size}",
               f"eval_every={max(args.accuracy_steps // 3, 1)}"]
     for seed in args.seeds:
         pair_dir = root / f"pair-{seed}"
-        run(f"pair-{seed}", ["workflow=solve_verify", f"seed={seed}", *common], root)
+        run(f"pair-{seed}", ["workflow=solve_verify", f"seed={seed}", *common, *args.pair],
+            root)
         model = _resolved_model(pair_dir)
         run(f"alone-{seed}", ["workflow=single_turn", f"seed={seed}", f"model.path={model}",
                               *common], root)

@@ -3,6 +3,8 @@
 Protocol (character-level, like the tiny tokenizer): the solver sees ``a+b=`` and
 answers; the verifier sees ``a+b=ANSWER:`` and says ``y`` or ``n``; on ``n`` the solver
 sees its first answer, the verdict and ``=`` (``a+b=ANSWER:n=``) and answers once more.
+With ``retries`` above 1 the verifier judges that answer too, and on ``n`` the solver
+tries again, shown the latest rejected answer, up to ``retries`` answers after the first.
 
 Credit, so that each role learns what it controls:
 
@@ -58,6 +60,8 @@ class SolveVerifyConfig:
     max_new_tokens: int = setting(6, ge=1)
     temperature: float = setting(1.0, ge=0)  # 0: greedy
     retry: bool = True
+    retries: int = setting(1, ge=1, why="answers after a rejection: each but the last is "
+                                        "judged again")
     retry_group: str = setting("task", choices=("task", "retries"))
     balance_verifier: bool = True
     latency: LatencyConfig = field(default_factory=LatencyConfig)
@@ -68,7 +72,7 @@ class _Attempt:
     first: Trajectory
     verdict: Trajectory
     answer_right: bool
-    retry: Trajectory | None
+    retries: list[Trajectory]
 
 
 class SolveVerifyWorkflow(EnvWorkflow):
@@ -128,24 +132,32 @@ class SolveVerifyWorkflow(EnvWorkflow):
         verifier.add_generation("verifier", verdict_gen)
         verdict = self._text(verdict_gen)[:1]
         judged_right = verdict in (ACCEPT, REJECT) and (verdict == ACCEPT) == right
-        retry = None
+        retries: list[Trajectory] = []
         final = first
-        if verdict == REJECT and self.config.retry:
+        rejected, rejection = shown, verdict_gen
+        while (verdict == REJECT and self.config.retry
+               and len(retries) < self.config.retries):
+            # the rejected answer and the verdict are context: the same format whichever
+            # retry this is
             again = TrajectoryBuilder(task.task_id, group_id if self.config.retry_group
                                       == "task" else f"{group_id}/retry")
             again.add_context(prompt)
-            again.add_context(shown.token_ids, source=EARLIER)
+            again.add_context(rejected.token_ids, source=EARLIER)
             again.add_context(tok.encode(":"))
-            again.add_generation("verifier", without_stop(verdict_gen, tok.stop_token_ids))
+            again.add_generation("verifier", without_stop(rejection, tok.stop_token_ids))
             again.add_context(tok.encode("="))
             retry_gen = await self._generate(policies["solver"], again.tokens)
             again.add_generation("solver", retry_gen)
             final = await self.score(task, self._text(retry_gen))
-            retry = again.build("solver", final.value,
-                                {**meta, EVAL: False, "retried": True}, final.outcome)
+            retries.append(again.build("solver", final.value,
+                                       {**meta, EVAL: False, "retried": True}, final.outcome))
+            if len(retries) < self.config.retries:  # judged again, as a first answer is
+                rejected = without_stop(retry_gen, tok.stop_token_ids)
+                rejection = await self._judge(prompt, rejected, policies["verifier"])
+                verdict = self._text(rejection)[:1]
         fixed = final.value > 0
         metrics = {"first_answer": float(first.value), "final_answer": float(final.value),
-                   "retried": float(retry is not None),
+                   "retried": float(bool(retries)),
                    # what the retries did: a wrong answer made right, a right one lost
                    "fixed": float(not right and fixed), "broke": float(right and not fixed)}
         outcome = first.outcome
@@ -161,7 +173,16 @@ class SolveVerifyWorkflow(EnvWorkflow):
             "verifier", float(judged_right),
             {**meta, "verdict": verdict, "answer_right": right},
             first.outcome if first.failed else judged)
-        return _Attempt(first_traj, verdict_traj, right, retry)
+        return _Attempt(first_traj, verdict_traj, right, retries)
+
+    async def _judge(self, prompt: list[int], answer: Generation,
+                     verifier: PolicyHandle) -> Generation:
+        """The verifier's verdict on a retried answer (acted on, not trained on)."""
+        context = TrajectoryBuilder("judge", "judge")
+        context.add_context(prompt)
+        context.add_generation("solver", answer)
+        context.add_context(self.tokenizer.encode(":"))
+        return await self._generate(verifier, context.tokens)
 
     def _verdicts(self, attempts: list[_Attempt]) -> list[Trajectory]:
         """The verdicts the verifier trains on: all of them, or with
@@ -183,5 +204,5 @@ class SolveVerifyWorkflow(EnvWorkflow):
         group_id = task.metadata.get("group_id", task.task_id)
         attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
                                           for _ in range(group_size)))
-        solver = [a.first for a in attempts] + [a.retry for a in attempts if a.retry]
+        solver = [a.first for a in attempts] + [r for a in attempts for r in a.retries]
         return solver + self._verdicts(attempts)

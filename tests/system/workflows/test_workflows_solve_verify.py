@@ -111,3 +111,28 @@ def test_a_task_that_lists_wrong_answers_warm_starts_the_verifier_on_them():
     # no wrong answer listed: the right one is shown, nothing is made up
     assert prompts["1,2 to 3=1+2:"] == "y" and not any(p.startswith("1,2 to 3=") and a == "n"
                                                      for p, a in prompts.items())
+
+
+def test_with_more_retries_each_rejected_retry_is_judged_and_tried_again(tiny_model_dir):
+    """retries=3: 18 is rejected, the retry 17 is judged and rejected too, the next retry
+    (shown 17, the latest rejection) is 19, accepted, and the pair's final answer is
+    right; a retry the verifier accepts is the last."""
+    def solver(ctx):
+        return {"12+7=18:n=": "17", "12+7=17:n=": "19"}.get(ctx, "18")
+
+    tok, trajs = run(tiny_model_dir, solver, lambda ctx: "y" if ctx == "12+7=19:" else "n",
+                     group_size=1, retries=3)
+    retries = [t for t in trajs if t.policy == "solver" and not t.metadata.get("eval", True)]
+    assert [t.reward for t in retries] == [0.0, 1.0]
+    assert ["".join(text for _, text in texts(tok, t)[:-1]) for t in retries] == [
+        "12+7=18:n=", "12+7=17:n="]
+    (first,) = [t for t in trajs if t.policy == "solver" and t.metadata.get("eval", True)]
+    assert first.outcome.metrics == {"first_answer": 0.0, "final_answer": 1.0,
+                                     "retried": 1.0, "fixed": 1.0, "broke": 0.0}
+    # the verifier takes the retry 17: no further retry, the final answer is wrong
+    tok, trajs = run(tiny_model_dir, solver, lambda ctx: "y" if ctx == "12+7=17:" else "n",
+                     group_size=1, retries=3)
+    retries = [t for t in trajs if t.policy == "solver" and not t.metadata.get("eval", True)]
+    assert [t.reward for t in retries] == [0.0]
+    (first,) = [t for t in trajs if t.policy == "solver" and t.metadata.get("eval", True)]
+    assert first.outcome.metrics["final_answer"] == 0.0
