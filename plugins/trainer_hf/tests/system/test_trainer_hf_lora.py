@@ -29,6 +29,19 @@ def lora_config(**kw: Any) -> Any:
     return config
 
 
+def served_logprobs(backend: Any, model_dir: str, batch: Any, tmp_path: Any) -> list:
+    """What ``peft`` samples with the trainer's published adapter over the base model,
+    as ``raas=hf`` serves it."""
+    from peft import PeftModel
+
+    export_dir = tmp_path / "exported"
+    save(export_dir / "model.safetensors",
+         {k: from_torch(v) for k, v in backend.export_weights().items()})
+    write_peft_dir(export_dir, {"config": backend.adapter_config()})
+    base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    return _direct_logprobs(PeftModel.from_pretrained(base, export_dir).eval(), batch)
+
+
 class TestHFTrainerLora(TrainerBackendContract):
     """The shared contract, adapters instead of whole weights (with a KL reference: the
     same model with its adapters switched off)."""
@@ -52,12 +65,7 @@ class TestHFTrainerLora(TrainerBackendContract):
             backend.train_step(with_behaviour_logprobs(backend, batch))
         exported = backend.export_weights()
         assert exported and all(".lora_A." in k or ".lora_B." in k for k in exported)
-        export_dir = tmp_path / "exported"
-        save(export_dir / "model.safetensors", {k: from_torch(v) for k, v in exported.items()})
-        write_peft_dir(export_dir, {"config": backend.adapter_config()})
-        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
-        served = PeftModel.from_pretrained(base, export_dir).eval()
-        for got, trained in zip(_direct_logprobs(served, batch),
+        for got, trained in zip(served_logprobs(backend, tiny_model_dir, batch, tmp_path),
                                 backend.compute_logprobs(batch), strict=True):
             assert torch.allclose(torch.tensor(got), torch.tensor(trained),
                                   atol=self.export_logprob_atol)
@@ -194,7 +202,6 @@ def test_lora_adapts_a_moe_models_experts_as_its_checkpoint_names_them(arch, tmp
     the merged final model, stored one matrix per expert, scores the same (to float32
     noise: peft applies the expert adapters in another order than the trainer)."""
     from astraflow_trainer_hf.backend import HFTrainerBackend
-    from peft import PeftModel
 
     from astraflow.testing.models import make_chat_model
 
@@ -215,12 +222,8 @@ def test_lora_adapts_a_moe_models_experts_as_its_checkpoint_names_them(arch, tmp
     exported = backend.export_weights()
     experts = [k for k in exported if ".mlp.experts." in k]
     assert experts and all(".lora_A." in k or ".lora_B." in k for k in exported)
-    export_dir = tmp_path / "exported"
-    save(export_dir / "model.safetensors", {k: from_torch(v) for k, v in exported.items()})
-    write_peft_dir(export_dir, {"config": backend.adapter_config()})
-    base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-    served = PeftModel.from_pretrained(base, export_dir).eval()
-    for got, want in zip(_direct_logprobs(served, batch), after, strict=True):
+    for got, want in zip(served_logprobs(backend, model_dir, batch, tmp_path), after,
+                         strict=True):
         assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-3)
 
     backend.config.lora.merge_final = True
