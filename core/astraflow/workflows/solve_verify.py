@@ -124,18 +124,14 @@ class SolveVerifyWorkflow(EnvWorkflow):
         first = await self.score(task, self._text(gen))
         right = first.value > 0
         shown = without_stop(gen, tok.stop_token_ids)
-        verifier = TrajectoryBuilder(task.task_id, group_id)
-        verifier.add_context(prompt)
-        verifier.add_generation("solver", shown)
-        verifier.add_context(tok.encode(":"))
-        verdict_gen = await self._generate(policies["verifier"], verifier.tokens)
-        verifier.add_generation("verifier", verdict_gen)
+        verifier, verdict_gen = await self._judge(task.task_id, group_id, prompt, shown,
+                                                  policies["verifier"])
         verdict = self._text(verdict_gen)[:1]
         judged_right = verdict in (ACCEPT, REJECT) and (verdict == ACCEPT) == right
         retries: list[Trajectory] = []
         final = first
-        rejected, rejection = shown, verdict_gen
-        while (verdict == REJECT and self.config.retry
+        rejected, rejection, latest = shown, verdict_gen, verdict
+        while (latest == REJECT and self.config.retry
                and len(retries) < self.config.retries):
             # the rejected answer and the verdict are context: the same format whichever
             # retry this is
@@ -153,8 +149,9 @@ class SolveVerifyWorkflow(EnvWorkflow):
                                        {**meta, EVAL: False, "retried": True}, final.outcome))
             if len(retries) < self.config.retries:  # judged again, as a first answer is
                 rejected = without_stop(retry_gen, tok.stop_token_ids)
-                rejection = await self._judge(prompt, rejected, policies["verifier"])
-                verdict = self._text(rejection)[:1]
+                _, rejection = await self._judge(task.task_id, group_id, prompt, rejected,
+                                                 policies["verifier"])
+                latest = self._text(rejection)[:1]
         fixed = final.value > 0
         metrics = {"first_answer": float(first.value), "final_answer": float(final.value),
                    "retried": float(bool(retries)),
@@ -175,14 +172,19 @@ class SolveVerifyWorkflow(EnvWorkflow):
             first.outcome if first.failed else judged)
         return _Attempt(first_traj, verdict_traj, right, retries)
 
-    async def _judge(self, prompt: list[int], answer: Generation,
-                     verifier: PolicyHandle) -> Generation:
-        """The verifier's verdict on a retried answer (acted on, not trained on)."""
-        context = TrajectoryBuilder("judge", "judge")
-        context.add_context(prompt)
-        context.add_generation("solver", answer)
-        context.add_context(self.tokenizer.encode(":"))
-        return await self._generate(verifier, context.tokens)
+    async def _judge(self, task_id: str, group_id: str, prompt: list[int],
+                     answer: Generation, verifier: PolicyHandle
+                     ) -> tuple[TrajectoryBuilder, Generation]:
+        """The verifier's verdict on ``answer`` (``a+b=ANSWER:`` -> ``y``/``n``), and the
+        verifier's trajectory so far: trained for a first answer, only acted on for a
+        retried one."""
+        judged = TrajectoryBuilder(task_id, group_id)
+        judged.add_context(prompt)
+        judged.add_generation("solver", answer)
+        judged.add_context(self.tokenizer.encode(":"))
+        verdict = await self._generate(verifier, judged.tokens)
+        judged.add_generation("verifier", verdict)
+        return judged, verdict
 
     def _verdicts(self, attempts: list[_Attempt]) -> list[Trajectory]:
         """The verdicts the verifier trains on: all of them, or with

@@ -129,6 +129,8 @@ def test_with_more_retries_each_rejected_retry_is_judged_and_tried_again(tiny_mo
     (first,) = [t for t in trajs if t.policy == "solver" and t.metadata.get("eval", True)]
     assert first.outcome.metrics == {"first_answer": 0.0, "final_answer": 1.0,
                                      "retried": 1.0, "fixed": 1.0, "broke": 0.0}
+    # the first answer keeps its own verdict, not the accepted retry's
+    assert first.metadata["verdict"] == "n"
     # the verifier takes the retry 17: no further retry, the final answer is wrong
     tok, trajs = run(tiny_model_dir, solver, lambda ctx: "y" if ctx == "12+7=17:" else "n",
                      group_size=1, retries=3)
