@@ -177,7 +177,7 @@ class RaaSNode:
                     raise WeightsLoadError(f"node {self.name}: {policy} version {version} "
                                            f"does not load: {exc}") from exc
                 self._refreshed(policy, version, path, time.time() - started,
-                                getattr(backend, "drained", None))
+                                backend.drained)
                 loaded = True
         if loaded:
             self._loaded.set()
