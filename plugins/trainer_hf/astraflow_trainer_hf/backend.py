@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoModelForCausalLM
 
-from astraflow.lora import adapter_key, check_targets
+from astraflow.lora import adapter_key, check_targets, matches
 from astraflow.models import hf_layout
 from astraflow.models.router_replay import Replay, routers
 from astraflow.rl import shared_prefix as share
@@ -416,7 +416,7 @@ def _lora_targets(model: torch.nn.Module,
     if isinstance(targets, str):  # all-linear: linear layers alone, as peft takes it
         return targets, []
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    modules = [t for t in targets if any(n == t or n.endswith("." + t) for n in linear)]
+    modules = [t for t in targets if any(matches(n, t) for n in linear)]
     parameters: list[str] = []
     seen: set[str] = set()
     for name, tensor in model.named_parameters():
@@ -476,12 +476,14 @@ def expert_wrappers(model: torch.nn.Module) -> dict[str, tuple[str, int, bool]]:
     """Each fused expert tensor a LoRA adapts (``target_parameters``), by its state-dict
     name: the name of the ``peft`` wrapper holding its ``lora_A``/``lora_B``, the number
     of experts, and whether the tensor is ``experts x out x in``."""
+    from peft.tuners.lora.layer import ParamWrapper
+
     found: dict[str, tuple[str, int, bool]] = {}
     for name, module in model.named_modules():
-        if type(module).__name__ != "ParamWrapper":
+        if not isinstance(module, ParamWrapper):
             continue
         inner, owner = name, module
-        while type(owner).__name__ == "ParamWrapper":  # wrappers of other tensors nest
+        while isinstance(owner, ParamWrapper):  # wrappers of other tensors nest
             inner, owner = f"{inner}.base_layer", owner.base_layer
         found[f"{inner}.{module.parameter_name}"] = (
             name, int(module.num_experts), bool(module._did_swap_in_out_features))

@@ -94,6 +94,9 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         self._stage: tuple[torch.Tensor, torch.Tensor | None] | None = None
         hf_weights = convert.read_hf_weights(model_path)
         self.model = self._load(hf_weights).train()
+        #: the parameters of experts (split over expert-parallel ranks), found once
+        self.expert_params = {n for n, _ in self.model.named_parameters()
+                              if _expert(n) is not None}
         self.reference = None
         if config.kl_coef:
             self.reference = self._load(hf_weights).eval().requires_grad_(False)
@@ -254,10 +257,12 @@ class MegatronTrainerBackend(PolicyGradientBackend):
                 "embedding.word_embeddings.weight" if self.first_stage
                 else "output_layer.weight"]
             dist.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
+        if self.dp_size == 1:  # no replica, of the experts either
+            return
         # an expert's gradient already sums the tokens of every rank its experts are
         # split over (they were all-gathered to it): it is summed over the replicas of
         # the same experts alone
-        grads = [(p.grad, _expert(n) is not None) for n, p in self.model.named_parameters()
+        grads = [(p.grad, n in self.expert_params) for n, p in self.model.named_parameters()
                  if p.grad is not None]
         for expert, group, size in (
                 (False, self.dp_group, self.dp_size),
@@ -285,11 +290,12 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             self.arch.tied and n == "output_layer.weight" and not self.first_stage)]
         zero = torch.zeros((), device=self.device)
         experts = sum((g.float().pow(2).sum() for n, g in counted
-                       if _expert(n) is not None), zero)
-        sharded = sum((g.float().pow(2).sum() for n, g in counted
-                       if convert.split_dim(n) is not None and _expert(n) is None), zero)
-        replicated = sum((g.float().pow(2).sum() for n, g in counted
-                          if convert.split_dim(n) is None and _expert(n) is None), zero)
+                       if n in self.expert_params), zero)
+        dense = [(n, g) for n, g in counted if n not in self.expert_params]
+        sharded = sum((g.float().pow(2).sum() for n, g in dense
+                       if convert.split_dim(n) is not None), zero)
+        replicated = sum((g.float().pow(2).sum() for n, g in dense
+                          if convert.split_dim(n) is None), zero)
         if _tp_size() > 1:
             dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
         if _ep_size() > 1:  # each expert-parallel rank holds its own experts
@@ -314,7 +320,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
         group = parallel_state.get_tensor_model_parallel_group()
         ep_group = parallel_state.get_expert_model_parallel_group()
         for name, tensor in params.items():
-            if _expert(name) is not None and _ep_size() > 1:  # from every expert rank
+            if name in self.expert_params and _ep_size() > 1:  # from every expert rank
                 parts = [torch.empty_like(tensor) for _ in range(_ep_size())]
                 dist.all_gather(parts, tensor.contiguous(), group=ep_group)
                 full.update({self._global(name, rank): part for rank, part in enumerate(parts)})
@@ -391,7 +397,7 @@ class MegatronTrainerBackend(PolicyGradientBackend):
             dist.barrier()
             return
         if self.dp_rank != 0:
-            params = {k: v for k, v in params.items() if _expert(k) is not None}
+            params = {k: v for k, v in params.items() if k in self.expert_params}
         mine = self._shard_file("{}", _tp_rank(), _pp_rank(), _tp_size(), _pp_size(),
                                 _ep_rank(), _ep_size())
         save_file({self._global(k): v.detach().contiguous() for k, v in params.items()},
