@@ -58,6 +58,11 @@ def expert_targets(targets: list[str] | str, model_dir: str | Path) -> list[str]
     return [t for t in targets if t in projections]
 
 
+#: an expert's gate and up projections, which transformers holds as one tensor
+#: (``experts.gate_up_proj``): adapted together or not at all
+FUSED_EXPERT_PAIRS = (("gate_proj", "up_proj"), ("w1", "w3"))
+
+
 def matches(module: str, target: str) -> bool:
     """peft's rule for a target name: the module's name is it or ends with ``.<it>``."""
     return module == target or module.endswith("." + target)
@@ -79,6 +84,12 @@ def check_targets(targets: list[str] | str, model_dir: str | Path) -> None:
         raise ValueError(f"trainer.lora.target_modules: {unmatched} match no module of "
                          f"{model_dir}; its linear layers are {kinds}{experts} (or use "
                          f"{ALL_LINEAR!r})")
+    for pair in FUSED_EXPERT_PAIRS:
+        named = [t for t in pair if t in targets and t in projections]
+        if len(named) == 1:
+            raise ValueError(f"trainer.lora.target_modules: {named} without "
+                             f"{[t for t in pair if t not in named]}: the model holds them "
+                             "as one tensor (experts.gate_up_proj); adapt all or none")
 
 
 def adapter_key(name: str) -> str:

@@ -177,3 +177,19 @@ def test_lora_on_a_moe_models_experts_is_refused_where_the_engine_cannot_serve_i
                     f"experts of {moe_model_dir}, which raas=vllm cannot serve on this "
                     "machine; use raas=hf, or adapt the attention alone"), proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_half_of_an_experts_fused_projections_is_refused_before_anything_starts(
+        tmp_path, moe_model_dir):
+    """gate_proj without up_proj: transformers holds them as one tensor, so the run
+    stops at once with one line saying what to add, not when the trainer starts."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", f"model.path={moe_model_dir}",
+         "+experiment=lora", "trainer.lora.target_modules=[q_proj,gate_proj,down_proj]",
+         f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "astraflow: error: trainer.lora.target_modules: ['gate_proj'] without ['up_proj']: "
+        "the model holds them as one tensor (experts.gate_up_proj); adapt all or none")
+    assert not (tmp_path / "run").exists()
