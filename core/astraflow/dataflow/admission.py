@@ -10,9 +10,13 @@ takes while this node rolls the task out (its measured turnaround over the train
 measured step interval). Only tasks whose every sample keeps that within
 ``max_staleness`` and fits the buffer are issued, so nothing is generated to be dropped
 as stale: a node too far behind is told to refresh, one too slow for the bound is told
-why. Once what is queued covers the steps a trainer said it has left, nothing more is
-issued (a run's end leaves nothing generated for nobody); once every trainer is gone
-(the run is over), nothing is issued at all.
+why. Within the bound, no more is queued than the trainer consumes while the slowest
+node turns a task around, at the pace it steps when fed, plus :data:`AHEAD_BATCHES`
+(Little's law on the data layer's side): samples beyond that would only wait in the
+buffer, growing staler, and a bound widened for a slow environment is room for its tail,
+not a queue to fill. Once what is queued covers the steps a trainer said it has left,
+nothing more is issued (a run's end leaves nothing generated for nobody); once every
+trainer is gone (the run is over), nothing is issued at all.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from dataclasses import dataclass, field
 
 #: no policy limits the grant (more than any node asks for)
 UNLIMITED = 1 << 30
+#: batches queued beyond what the trainer consumes over the slowest turnaround: the
+#: margin for the turnarounds' spread (a group much slower than its median one)
+AHEAD_BATCHES = 2
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,9 @@ class PolicyView:
     meanwhile: float = 0.0
     #: the asking node's measured lease-to-submission seconds
     turnaround: float | None = None
+    #: trainer steps taken, at its pace when fed, while the slowest node turns a task
+    #: around (None until both are measured): what the queue must cover
+    cover: float | None = None
     #: steps the policy's trainer said it has still to take (None until it says)
     steps_left: int | None = None
     #: every trainer of the policy is gone
@@ -107,6 +117,13 @@ def _room(snap: Snapshot, v: PolicyView) -> tuple[int, tuple[str, str] | None]:
         n = math.ceil((snap.batch_size - queued) / per_task)
     elif budget < 0 or int(v.meanwhile) > budget:
         n = 0
+    elif v.cover is not None:  # enough queued for the trainer until what is issued lands
+        room_need = (math.ceil(v.cover) + AHEAD_BATCHES) * snap.batch_size - queued
+        n = min(n, int(max(0.0, room_need) // per_task))
+        if n == 0:
+            return 0, ("enough_queued", (
+                f"enough queued: {queued:.0f} samples cover the {math.ceil(v.cover)} trainer "
+                f"steps of the slowest turnaround and {AHEAD_BATCHES} batches more"))
     needed = _still_needed(snap, v)
     if needed is not None:  # the run's end: nothing beyond its last batch
         n = min(n, max(0, math.ceil((needed - queued) / per_task)))

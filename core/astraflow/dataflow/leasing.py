@@ -45,6 +45,7 @@ class Leasing:
                 running=self._batches.unpublished(policy, batches), held_batches=len(batches),
                 meanwhile=p.pacing.steps_meanwhile(policy, node_id) if node_id else 0.0,
                 turnaround=p.pacing.turnaround(node_id or ""),
+                cover=p.pacing.steps_to_cover(policy),
                 steps_left=self._batches.steps_left(policy), orphaned=p.nodes.orphaned(policy))
         return Snapshot(s.batch_size, s.buffer_capacity, s.end_spare_batches,
                         p.tasks.in_flight(), views)

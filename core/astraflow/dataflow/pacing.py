@@ -98,6 +98,15 @@ class Pacing:
     def turnaround(self, node_id: str) -> float | None:
         return self._turnaround.get(node_id)
 
+    def steps_to_cover(self, policy: str) -> float | None:
+        """Trainer steps, at its pace when fed, while the slowest node measured turns a
+        task around: what the queue must hold for the trainer never to wait (None until
+        a step and a turnaround are measured)."""
+        compute = self._compute.get(policy)
+        if compute is None or not self._turnaround:
+            return None
+        return max(self._turnaround.values()) / compute
+
     def steps_meanwhile(self, policy: str, node_id: str) -> float:
         """Trainer steps expected while ``node_id`` rolls a task out (0 if unmeasured)."""
         interval, turnaround = self.step_interval(policy), self.turnaround(node_id)

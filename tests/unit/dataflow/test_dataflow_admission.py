@@ -87,3 +87,23 @@ def test_the_tightest_policy_sets_the_grant():
     tight = PolicyView(max_staleness=2, samples_per_task=8, buffered=128)
     assert admit(snap(solver=loose, verifier=tight)).tasks == 8
     assert admit(snap()).tasks == UNLIMITED
+
+
+def test_a_wide_bound_is_not_a_queue_to_fill():
+    # a bound of 12 allows 13 batches queued; the trainer steps 2.5 times while the
+    # slowest node turns a task around, so 3 + 2 batches (320 samples) keep it fed:
+    # 200 queued leave room for 15 tasks, not the 79 the bound alone would issue
+    view = PolicyView(max_staleness=12, samples_per_task=8, buffered=200, cover=2.5)
+    assert admit(snap(policy=view)).tasks == 15
+    alone = PolicyView(max_staleness=12, samples_per_task=8, buffered=200)
+    assert admit(snap(policy=alone)).tasks == 79
+    full = PolicyView(max_staleness=12, samples_per_task=8, buffered=320, cover=2.5)
+    grant = admit(snap(policy=full))
+    assert grant.tasks == 0 and grant.kinds == {"policy": "enough_queued"}
+    assert grant.reasons["policy"].startswith("enough queued: 320 samples cover the 3")
+
+
+def test_enough_queued_never_starves_the_next_batch():
+    # a turnaround far below a step: the queue must still hold the next batch
+    view = PolicyView(max_staleness=3, samples_per_task=8, buffered=10, cover=0.01)
+    assert admit(snap(policy=view)).tasks == (3 * 64 - 10) // 8

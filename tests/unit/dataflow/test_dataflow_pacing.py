@@ -129,3 +129,20 @@ def test_the_widest_derived_bound_outlives_a_data_layer_restart(tmp_path):
     assert not after.stale("auto", 0)  # 10 behind
     after.advance("auto", 11)
     assert after.stale("auto", 0)  # 11 behind: past the widest bound
+
+
+def test_the_queue_covers_the_slowest_turnaround_at_the_fed_pace():
+    from astraflow.dataflow.pacing import Pacing
+
+    now = [0.0]
+    pacing = Pacing(clock=lambda: now[0])
+    assert pacing.steps_to_cover("policy") is None  # nothing measured
+    pacing.acked("policy", wait_seconds=0.3, step_seconds=0.5)  # 0.2 s when fed
+    for task, node, seconds in (("t1", "fast", 0.1), ("t2", "slow", 1.0)):
+        pacing.leased(task)
+        now[0] += seconds
+        pacing.accepted(task, node)
+    # the slow node's 1 s is 5 steps of 0.2 s: the waits do not shorten what is covered
+    assert pacing.steps_to_cover("policy") == pytest.approx(5.0)
+    pacing.forget(before=-1.0, node_ids=["slow"])  # it left
+    assert pacing.steps_to_cover("policy") == pytest.approx(0.5)
