@@ -34,6 +34,10 @@ trainer, calls its reward once per generation batch and waits for the slowest sa
 With ``--latency``, AstraFlow also runs the job without latency at the same settings:
 its step time with latency over its step time without is what latency costs it.
 
+``--checkpoint``: the plain job's shape on a checkpoint that is not the tiny model -- a
+Llama with its own ChatML BPE tokenizer, the task's problems in JSONL files, the reward
+in a Python file (``bench/_checkpoint.py`` builds and warm-starts it, cached per seed).
+
 ``--astraflow OVERRIDE...``: AstraFlow settings TRL has no counterpart for (how stale a
 sample may be, how many tasks a node keeps in flight), the one allowed difference
 between the two sides' configs; e.g. the latency job with
@@ -46,11 +50,12 @@ evaluation's standard error (0.018 at 100 tasks x 8 samples), which decides a th
 both sides cross close together; so the plain job evaluates both sides every 25 steps
 on 32 samples per task by default (``--eval-every``, ``--eval-samples``).
 
-Usage: python bench/peers.py [--steps 600] [--latency] [--skip-astraflow] [--skip-trl]
+Usage: python bench/peers.py [--steps 600] [--latency | --checkpoint] [--skip-astraflow]
+       [--skip-trl]
        [--astraflow OVERRIDE...] [--seed N [N ...]] [--eval-every N] [--eval-samples N]
        [--live-eval]
 Writes bench/results/peers.json (a key per job: ``plain-seed0``..., the spread
-``plain-seeds-0-1-2``, ``latency``); the runs stay in runs/peers/.
+``plain-seeds-0-1-2``, ``latency``, ``checkpoint-seed0``...); the runs stay in runs/peers/.
 """
 
 from __future__ import annotations
@@ -286,7 +291,7 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
 
 def run_job(args: argparse.Namespace, seed: int | None) -> tuple[str, dict[str, Any]]:
     """One job (one seed): each side's run, the comparison; stored under the job's key."""
-    job = "latency" if args.latency else "plain"
+    job = "latency" if args.latency else "checkpoint" if args.checkpoint else "plain"
     if seed is not None:
         job += f"-seed{seed}"
     # launcher.progress=false: the run's log gets no progress bar (both sides' config)
@@ -297,6 +302,10 @@ def run_job(args: argparse.Namespace, seed: int | None) -> tuple[str, dict[str, 
         overrides.append(f"eval_samples={args.eval_samples}")
     if seed is not None:
         overrides.append(f"seed={seed}")
+    if args.checkpoint:
+        from _checkpoint import make_checkpoint_job
+
+        overrides += make_checkpoint_job(CACHE, seed or 0)
     if args.latency:
         overrides += ["workflow.latency.kind=lognormal",
                       f"workflow.latency.median={args.latency_median}",
@@ -405,6 +414,9 @@ def main() -> None:
                              "CPU (its default) instead of after training (eval_deferred)")
     parser.add_argument("--latency", action="store_true",
                         help="the latency job (log-normal environment latency per sample)")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="the plain job on a Llama checkpoint with its own tokenizer, "
+                             "JSONL files and a reward file (bench/_checkpoint.py)")
     parser.add_argument("--latency-median", type=float, default=0.1)
     parser.add_argument("--latency-sigma", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
@@ -423,6 +435,8 @@ def main() -> None:
                         help="AstraFlow settings TRL has no counterpart for, e.g. "
                              "policies.policy.max_staleness=8 node_concurrency=256")
     args = parser.parse_args()
+    if args.latency and args.checkpoint:
+        parser.error("--latency and --checkpoint are two jobs: give one")
     if not args.latency:  # the plain job's answer, from curves finer than one run's
         args.seeds = args.seeds or list(PLAIN_SEEDS)
         args.eval_every = args.eval_every or PLAIN_EVAL_EVERY
@@ -440,7 +454,8 @@ def main() -> None:
         result = spread(jobs, args.thresholds)
         report_spread(result)
         results = json.loads(RESULTS.read_text())
-        results["-".join(["latency" if args.latency else "plain", "seeds",
+        results["-".join(["latency" if args.latency else
+                          "checkpoint" if args.checkpoint else "plain", "seeds",
                           *map(str, args.seeds)])] = {"cpu": cpu_model(), **result}
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {RESULTS}")

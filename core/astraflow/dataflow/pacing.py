@@ -33,6 +33,10 @@ class Pacing:
         self._compute: dict[str, float] = {}  # policy -> seconds of a step, waits left out
         self._last_ack: dict[str, float] = {}
         self._turnaround: dict[str, float] = {}  # node id -> lease-to-accept seconds
+        #: the slowest node's turnaround, None when it must be found again (a lease asks
+        #: for it, and there may be 10,000 nodes: found again only when the slowest
+        #: node got faster or left)
+        self._slowest: float | None = None
         self._leased: dict[str, float] = {}  # task id -> when it was last leased
         self._recent: deque[float] = deque(maxlen=RECENT)  # every node's, newest last
         #: the last spread computed, until a turnaround arrives (read on every stale check)
@@ -70,7 +74,12 @@ class Pacing:
         since = self._leased.pop(task_id, None)
         if since is not None:
             seconds = max(self.clock() - since, 0.0)
-            self._turnaround[node_id] = _ewma(self._turnaround.get(node_id), seconds)
+            old = self._turnaround.get(node_id)
+            new = self._turnaround[node_id] = _ewma(old, seconds)
+            if self._slowest is not None and new >= self._slowest:
+                self._slowest = new
+            elif old is not None and old == self._slowest:
+                self._slowest = None  # the slowest got faster
             self._recent.append(seconds)
             self._spread = None
 
@@ -93,7 +102,8 @@ class Pacing:
         for task_id in [t for t, at in self._leased.items() if at < before]:
             del self._leased[task_id]
         for node_id in node_ids:
-            self._turnaround.pop(node_id, None)
+            if self._turnaround.pop(node_id, None) == self._slowest:
+                self._slowest = None
 
     def turnaround(self, node_id: str) -> float | None:
         return self._turnaround.get(node_id)
@@ -105,7 +115,9 @@ class Pacing:
         compute = self._compute.get(policy)
         if compute is None or not self._turnaround:
             return None
-        return max(self._turnaround.values()) / compute
+        if self._slowest is None:
+            self._slowest = max(self._turnaround.values())
+        return self._slowest / compute
 
     def steps_meanwhile(self, policy: str, node_id: str) -> float:
         """Trainer steps expected while ``node_id`` rolls a task out (0 if unmeasured)."""

@@ -144,5 +144,9 @@ def test_the_queue_covers_the_slowest_turnaround_at_the_fed_pace():
         pacing.accepted(task, node)
     # the slow node's 1 s is 5 steps of 0.2 s: the waits do not shorten what is covered
     assert pacing.steps_to_cover("policy") == pytest.approx(5.0)
+    pacing.leased("t3")  # the slow node gets faster: 1 s + 0.2 x (0.1 s - 1 s)
+    now[0] += 0.1
+    pacing.accepted("t3", "slow")
+    assert pacing.steps_to_cover("policy") == pytest.approx(0.82 / 0.2)
     pacing.forget(before=-1.0, node_ids=["slow"])  # it left
     assert pacing.steps_to_cover("policy") == pytest.approx(0.5)
