@@ -117,13 +117,13 @@ def _room(snap: Snapshot, v: PolicyView) -> tuple[int, tuple[str, str] | None]:
         n = math.ceil((snap.batch_size - queued) / per_task)
     elif budget < 0 or int(v.meanwhile) > budget:
         n = 0
-    elif v.cover is not None:  # enough queued for the trainer until what is issued lands
-        room_need = (math.ceil(v.cover) + AHEAD_BATCHES) * snap.batch_size - queued
+    # what is queued feeds the trainer until what is issued now would land
+    cover = None if v.cover is None else math.ceil(v.cover)
+    enough = False
+    if n > 0 and cover is not None:
+        room_need = (cover + AHEAD_BATCHES) * snap.batch_size - queued
+        enough = room_need < per_task
         n = min(n, int(max(0.0, room_need) // per_task))
-        if n == 0:
-            return 0, ("enough_queued", (
-                f"enough queued: {queued:.0f} samples cover the {math.ceil(v.cover)} trainer "
-                f"steps of the slowest turnaround and {AHEAD_BATCHES} batches more"))
     needed = _still_needed(snap, v)
     if needed is not None:  # the run's end: nothing beyond its last batch
         n = min(n, max(0, math.ceil((needed - queued) / per_task)))
@@ -133,6 +133,10 @@ def _room(snap: Snapshot, v: PolicyView) -> tuple[int, tuple[str, str] | None]:
         return 0, ("run_covered", (
             f"enough for the run: the trainer's last {v.steps_left} steps are covered by "
             f"the {queued:.0f} samples queued and the batches it holds"))
+    if enough:
+        return 0, ("enough_queued", (
+            f"enough queued: {queued:.0f} samples cover the {cover} trainer "
+            f"steps of the slowest turnaround and {AHEAD_BATCHES} batches more"))
     return 0, _refusal(snap, v, queued, full=room_cap < room_stale)
 
 

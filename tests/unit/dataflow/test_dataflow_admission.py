@@ -107,3 +107,13 @@ def test_enough_queued_never_starves_the_next_batch():
     # a turnaround far below a step: the queue must still hold the next batch
     view = PolicyView(max_staleness=3, samples_per_task=8, buffered=10, cover=0.01)
     assert admit(snap(policy=view)).tasks == (3 * 64 - 10) // 8
+
+
+def test_a_refusal_names_what_binds_not_the_queue_limit():
+    # the staleness bound leaves no room: that is the reason, whatever the queue limit
+    stale = PolicyView(max_staleness=1, samples_per_task=8, buffered=64, running=1, cover=0.5)
+    assert admit(snap(policy=stale)).kinds == {"policy": "staleness"}
+    # the run's last steps are covered: that is the reason
+    end = PolicyView(max_staleness=12, samples_per_task=8, buffered=320, cover=2.5,
+                     steps_left=1, held_batches=1)
+    assert admit(snap(policy=end)).kinds == {"policy": "run_covered"}
