@@ -289,9 +289,14 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
               f"{_x(r['ratio_from_start'])}")
 
 
+def job_kind(args: argparse.Namespace) -> str:
+    """Which job the command runs: ``latency``, ``checkpoint`` or ``plain``."""
+    return "latency" if args.latency else "checkpoint" if args.checkpoint else "plain"
+
+
 def run_job(args: argparse.Namespace, seed: int | None) -> tuple[str, dict[str, Any]]:
     """One job (one seed): each side's run, the comparison; stored under the job's key."""
-    job = "latency" if args.latency else "checkpoint" if args.checkpoint else "plain"
+    job = job_kind(args)
     if seed is not None:
         job += f"-seed{seed}"
     # launcher.progress=false: the run's log gets no progress bar (both sides' config)
@@ -454,9 +459,8 @@ def main() -> None:
         result = spread(jobs, args.thresholds)
         report_spread(result)
         results = json.loads(RESULTS.read_text())
-        results["-".join(["latency" if args.latency else
-                          "checkpoint" if args.checkpoint else "plain", "seeds",
-                          *map(str, args.seeds)])] = {"cpu": cpu_model(), **result}
+        results["-".join([job_kind(args), "seeds", *map(str, args.seeds)])] = {
+            "cpu": cpu_model(), **result}
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {RESULTS}")
 
