@@ -36,6 +36,13 @@ class VLLMConfig:
     # to the same first cores, so a node and an evaluator (or two nodes) on one machine
     # would share one core while the others idle. null: the environment's setting.
     cpu_threads_bind: str | None = "nobind"
+    #: where the model runs: "auto" -- in the engine-core process when nothing is pinned
+    #: on a CPU machine (vLLM's own choice elsewhere, e.g. on a GPU), "mp" -- in a worker
+    #: process of its own, as vLLM's CPU platform does by default. On CPU a worker process
+    #: of its own cost ~9 CPU-seconds more at start-up and twice the CPU per batch
+    #: generated (it polls its queue), for nothing when no core is pinned; pinning
+    #: (cpu_threads_bind other than "nobind") needs it and gets it
+    executor: str = setting("auto", choices=("auto", "mp"))
     #: seconds the engine processes get to exit cleanly
     shutdown_timeout: float = setting(30.0, ge=0)
 

@@ -5,7 +5,8 @@ program, and ``AsyncLLM`` gives it vLLM's continuous batching across every concu
 ``generate`` call with no HTTP hop, no port to allocate and no JSON round trip of token
 lists and log-probs. The engine core still runs in its own process (vLLM spawns it), so
 the model never blocks the node's event loop; ``shutdown`` ends that process and what
-it started.
+it started. On a CPU machine the model runs in that process too (``executor``), not in
+a third one.
 
 Weights are refreshed in place with vLLM's ``reload_weights`` from the node's local,
 already delta-patched copy, and every token is stamped with the weight version the
@@ -144,6 +145,7 @@ class VLLMRolloutBackend(RolloutBackend):
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # the request's sampling settings, not the model's
             disable_log_stats=True,
+            **self._executor(),
             **(self._lora or {}),
         )
         before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -154,6 +156,21 @@ class VLLMRolloutBackend(RolloutBackend):
         self._processes = [p for p in psutil.Process().children(recursive=True)
                            if p.pid not in before]
         await self.engine.update_weight_version(str(self.version))
+
+    def _executor(self) -> dict[str, Any]:
+        """The model in the engine-core process (vLLM's uniprocess executor) on a CPU
+        machine with nothing pinned: vLLM's CPU platform otherwise puts it in a worker
+        process of its own (``VLLM_CPU_OMP_THREADS_BIND`` pinning is done there), which
+        costs a third process's start and polls for work (see ``VLLMConfig.executor``).
+        The executor is passed as a class: the platform replaces only the name "uni"."""
+        bind = self.config.cpu_threads_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
+                                                              "auto")
+        if self.config.executor != "auto" or not current_platform.is_cpu() \
+                or bind != "nobind":
+            return {}
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        return {"distributed_executor_backend": UniProcExecutor}
 
     def _engine(self) -> AsyncLLM:
         if self.engine is None:

@@ -59,12 +59,18 @@ class TestVLLMRolloutContract(RolloutBackendContract):
 
     def test_engine_threads_may_run_on_every_core(self, engine):
         """vLLM's own default pins every engine on a host to the same first core: a node
-        and an evaluator side by side would share it while the other cores idle."""
+        and an evaluator side by side would share it while the other cores idle. With
+        nothing pinned the model runs in the engine-core process: no third process
+        polling for work (``executor``)."""
         import psutil
 
         allowed = os.sched_getaffinity(0)
+        _loop, backend = engine
+        names = [p.name() for p in backend._processes]
+        assert any("EngineCore" in n for n in names), names
+        assert not any("Worker" in n for n in names), names
         workers = [p for p in psutil.Process().children(recursive=True)
-                   if "Worker" in p.name()]
+                   if "EngineCore" in p.name()]
         assert workers
         for worker in workers:
             assert set(worker.cpu_affinity()) == allowed
@@ -120,7 +126,8 @@ def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_mo
     """The engine core killed (as by the OOM killer) while its worker is stuck (as in a
     long kernel compile) orphans the worker, which holds the resource tracker's pipe: a
     node or evaluator shutting down must not wait on it forever, and must leave no
-    engine process behind."""
+    engine process behind. (A worker process of its own: ``executor=mp``, what pinned
+    cores get.)"""
     import signal
     import threading
 
@@ -132,7 +139,9 @@ def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_mo
     from astraflow.testing.engine import LoopThread
 
     entry = get_registry().get("rollout_backend", "vllm")
-    backend = entry.create(OmegaConf.structured(entry.config_cls), tiny_model_dir)
+    config = OmegaConf.structured(entry.config_cls)
+    config.executor = "mp"
+    backend = entry.create(config, tiny_model_dir)
     loop = LoopThread()
     # what earlier tests of this process left running (a multiprocessing resource
     # tracker lives as long as the process) is not the engine's
