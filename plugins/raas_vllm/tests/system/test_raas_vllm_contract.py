@@ -163,3 +163,23 @@ def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_mo
     loop.close()
     assert not [p for p in engine_processes
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize(("executor", "bind", "own_process"), [
+    ("auto", "nobind", False), ("auto", "auto", True), ("auto", "0-1", True),
+    ("mp", "nobind", True)])
+def test_the_model_runs_in_the_engine_core_unless_cores_are_pinned(
+        executor, bind, own_process, tiny_model_dir):
+    """Pinning is done in vLLM's worker process, so pinned cores (or ``executor=mp``)
+    keep it; otherwise the engine core runs the model itself (no engine started here)."""
+    from omegaconf import OmegaConf
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    from astraflow.plugins import get_registry
+
+    entry = get_registry().get("rollout_backend", "vllm")
+    config = OmegaConf.structured(entry.config_cls)
+    config.executor, config.cpu_threads_bind = executor, bind
+    chosen = entry.create(config, tiny_model_dir)._executor()
+    assert chosen == ({} if own_process else
+                      {"distributed_executor_backend": UniProcExecutor})
