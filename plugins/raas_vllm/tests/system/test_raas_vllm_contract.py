@@ -122,12 +122,14 @@ class TestVLLMRolloutContract(RolloutBackendContract):
         assert gen.token_ids != alone.token_ids  # the new weights sampled the rest
 
 
-def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_model_dir):
+@pytest.mark.parametrize("executor", ["mp", "auto"])
+def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(executor,
+                                                                        tiny_model_dir):
     """The engine core killed (as by the OOM killer) while its worker is stuck (as in a
     long kernel compile) orphans the worker, which holds the resource tracker's pipe: a
     node or evaluator shutting down must not wait on it forever, and must leave no
-    engine process behind. (A worker process of its own: ``executor=mp``, what pinned
-    cores get.)"""
+    engine process behind. (``executor=mp``, what pinned cores get, has a worker process
+    of its own; with ``auto`` on CPU the killed core was running the model itself.)"""
     import signal
     import threading
 
@@ -140,7 +142,7 @@ def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_mo
 
     entry = get_registry().get("rollout_backend", "vllm")
     config = OmegaConf.structured(entry.config_cls)
-    config.executor = "mp"
+    config.executor = executor
     backend = entry.create(config, tiny_model_dir)
     loop = LoopThread()
     # what earlier tests of this process left running (a multiprocessing resource
@@ -151,8 +153,10 @@ def test_shutdown_returns_and_ends_the_workers_when_the_engine_core_died(tiny_mo
                         if p.pid not in before]
     names = {p.pid: p.name() for p in engine_processes}
     [core] = [p for p in engine_processes if "EngineCore" in names[p.pid]]
-    [worker] = [p for p in engine_processes if "Worker" in names[p.pid]]
-    worker.send_signal(signal.SIGSTOP)  # stuck: it cannot notice that its core died
+    workers = [p for p in engine_processes if "Worker" in names[p.pid]]
+    assert len(workers) == (executor == "mp"), names
+    for worker in workers:
+        worker.send_signal(signal.SIGSTOP)  # stuck: it cannot notice that its core died
     core.send_signal(signal.SIGKILL)
     wait_until(lambda: not core.is_running() or core.status() == psutil.STATUS_ZOMBIE, 30,
                "the engine core to die")
