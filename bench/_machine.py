@@ -1,4 +1,5 @@
-"""What every benchmark quotes beside its figures: the CPU they were measured on."""
+"""What every benchmark quotes beside its figures: the CPU they were measured on; and
+where the launcher caches its models, which benchmarks share."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cache_root() -> Path:
+    """``$ASTRAFLOW_CACHE``, else ``~/.cache/astraflow``: the launcher's model cache."""
+    import os
+
+    return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
 
 
 def machine() -> dict[str, object]:

@@ -70,13 +70,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import cpu_model
+from _machine import cache_root, cpu_model
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results" / "peers.json"
 RUNS = REPO / "runs" / "peers"
-CACHE = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+CACHE = cache_root()
 TRL_VENV = CACHE / "venv-trl"
 #: what the TRL virtualenv holds: the CPU torch wheel the project pins, TRL (which pins
 #: its own transformers and accelerate), and AstraFlow's torch-free core for its task,

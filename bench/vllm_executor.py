@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import tempfile
@@ -24,13 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from _checkpoint import make_checkpoint_job
-from _machine import launch, machine
+from _machine import cache_root, launch, machine
 
 EXECUTORS = ("auto", "mp")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
 
 
 def children_cpu() -> float:

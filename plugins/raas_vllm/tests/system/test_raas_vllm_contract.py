@@ -69,11 +69,11 @@ class TestVLLMRolloutContract(RolloutBackendContract):
         names = [p.name() for p in backend._processes]
         assert any("EngineCore" in n for n in names), names
         assert not any("Worker" in n for n in names), names
-        workers = [p for p in psutil.Process().children(recursive=True)
-                   if "EngineCore" in p.name()]
-        assert workers
-        for worker in workers:
-            assert set(worker.cpu_affinity()) == allowed
+        cores = [p for p in psutil.Process().children(recursive=True)
+                 if "EngineCore" in p.name()]
+        assert cores
+        for core in cores:
+            assert set(core.cpu_affinity()) == allowed
 
     def test_greedy_with_n_returns_n_identical_samples(self, engine, tiny_model_dir):
         loop, backend = engine
