@@ -42,14 +42,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _machine import launch, machine
+from _machine import cache_root, launch, machine
 from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
@@ -146,7 +145,7 @@ async def rollouts_per_second(workflow: Any, policies: dict[str, Any], tasks: li
 
 
 def build_model(kind: str, cfg: Any, train: list[Any]) -> str:
-    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+    cache = cache_root()
     if kind == "tiny":  # answers in a few tokens, then EOS
         return make_tiny_model(cache / "models" / f"tiny-arithmetic-seed{cfg.seed}",
                                ModelConfig(), seed=cfg.seed, warmstart_tasks=train)

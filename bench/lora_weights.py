@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model
+from _machine import cache_root, cpu_model
 
 RESULTS = Path(__file__).parent / "results" / "lora_weights.json"
 BF16 = 2
@@ -90,7 +90,7 @@ def main() -> None:
     from astraflow.models.tiny import make_tiny_model
     from astraflow.tasks.arithmetic import ArithmeticTasks
 
-    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+    cache = cache_root()
     model = make_tiny_model(cache / "models" / "test-tiny-arithmetic-seed0", ModelConfig(),
                             seed=0, warmstart_tasks=list(ArithmeticTasks().train_tasks()))
     with tempfile.TemporaryDirectory() as tmp:

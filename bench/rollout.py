@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _machine import cache_root
 from omegaconf import OmegaConf
 
 from astraflow.components import build_workflow
@@ -67,7 +68,7 @@ class Setup:
         self.cfg = compose_config([])
         tasks = get_registry().get("task", self.cfg.task.name).create(self.cfg.task)
         self.tasks: list[Task] = list(tasks.train_tasks())[: args.tasks]
-        cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+        cache = cache_root()
         self.model = make_tiny_model(cache / "models" / f"tiny-arithmetic-seed{self.cfg.seed}",
                                      ModelConfig(), seed=self.cfg.seed,
                                      warmstart_tasks=list(tasks.train_tasks()))

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _machine import cpu_model, machine
+from _machine import cache_root, cpu_model, machine
 
 TOKEN = "bench-scale-token"
 GROUP_SIZE = 4
@@ -53,7 +53,7 @@ def make_config(run_dir: Path, generation_seconds: float) -> Path:
     from astraflow.launch.local import prepare
     from astraflow.models.tiny import make_tiny_model
 
-    cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
+    cache = cache_root()
     model = make_tiny_model(cache / "models" / "tiny-untrained-seed0",
                             ModelConfig(warmstart_steps=0), seed=0)
     cfg = compose_config(["+raas=sim", f"raas.generation_seconds={generation_seconds}",
