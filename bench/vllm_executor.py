@@ -72,10 +72,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 for job, m in median.items()}}
 
 
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=at_least_one, default=100)
+    parser.add_argument("--repeats", type=at_least_one, default=2)
     parser.add_argument("--out", default="bench/results/vllm_executor.json")
     cli = parser.parse_args()
     result = main(cli)
