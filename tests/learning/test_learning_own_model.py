@@ -45,17 +45,19 @@ def test_a_chat_model_learns_from_files_with_a_reward_from_a_file(tmp_path, warm
     launch_run(tmp_path, f"model.path={warm_chat_model}", "task=jsonl",
            "task.train_files=[train.jsonl]", "task.eval_files=[test.jsonl]",
            "reward=python", "reward.path=my_rewards.py", "reward.function=score",
-           # held-out accuracy at the start and the end alone, 32 samples a task: with 8,
-           # the start (the same weights) read anywhere from 0.23 to 0.30
-           "steps=200", "batch_size=128", "eval_every=0", "eval_samples=32", "trainer.lr=3e-4",
+           # held-out accuracy at the start and the end alone, 64 samples a task (a standard
+           # error of ~0.009 each): with 8 the start (the same weights) read anywhere from
+           # 0.23 to 0.30, with 32 from 0.24 to 0.28
+           "steps=250", "batch_size=128", "eval_every=0", "eval_samples=64", "trainer.lr=3e-4",
            f"run_dir={run_dir}")
     result = run_summary(run_dir)["policy"]
     gain = result["final_eval_accuracy"] - result["start_eval_accuracy"]
     print(f"held-out accuracy {result['start_eval_accuracy']:.3f} -> "
           f"{result['final_eval_accuracy']:.3f} ({gain:+.3f})")
-    # measured alone on 2 AMD EPYC cores (25-27 s): 0.244 -> 0.413 (+0.17) and 0.238 ->
-    # 0.436 (+0.20, seed 1); 300 steps gained +0.24. At lr 2e-4 it took 400 steps to
-    # gain +0.28
+    # 200 steps at 32 samples gained +0.15 to +0.19 (2 AMD EPYC cores, seeds 0-2, two
+    # busy processes beside it as the suite's other lanes) and once +0.112 in the suite,
+    # under this bar. 250 steps at 64 samples, the same load: +0.245, +0.187, +0.184,
+    # +0.185 (seeds 0-3, 56-59 s). At lr 2e-4 it took 400 steps to gain +0.28
     assert gain >= 0.12
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train_records = [r for r in records if r["kind"] == "train"]
