@@ -1,10 +1,20 @@
-"""What every benchmark quotes beside its figures: the CPU they were measured on; and
-where the launcher caches its models, which benchmarks share."""
+"""What every benchmark quotes beside its figures: the CPU they were measured on; where
+the launcher caches its models, which benchmarks share; and the check of their counts."""
 
 from __future__ import annotations
 
 import platform
 from pathlib import Path
+
+
+def at_least_one(text: str) -> int:
+    """An ``argparse`` type: a count of at least 1, refused by name otherwise."""
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def cpu_model() -> str:

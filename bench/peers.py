@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import cache_root, cpu_model
+from _machine import at_least_one, cache_root, cpu_model
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -406,11 +406,11 @@ def main() -> None:
 
     defaults = AstraFlowConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--eval-every", type=int, default=None,
+    parser.add_argument("--steps", type=at_least_one, default=defaults.steps)
+    parser.add_argument("--eval-every", type=at_least_one, default=None,
                         help=f"held-out evaluation every N steps (default {PLAIN_EVAL_EVERY} "
                              f"for the plain job, the run's {defaults.eval_every} for --latency)")
-    parser.add_argument("--eval-samples", type=int, default=None,
+    parser.add_argument("--eval-samples", type=at_least_one, default=None,
                         help="sampled answers per held-out task in each evaluation (default "
                              f"{PLAIN_EVAL_SAMPLES} for the plain job, the run's "
                              f"{defaults.eval_samples} for --latency); more: a less noisy curve")
@@ -424,7 +424,7 @@ def main() -> None:
                              "JSONL files and a reward file (bench/_checkpoint.py)")
     parser.add_argument("--latency-median", type=float, default=0.1)
     parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
+    parser.add_argument("--threads", type=at_least_one, default=2, help="TRL's torch threads")
     parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
     parser.add_argument("--skip-astraflow", action="store_true",
                         help="keep AstraFlow's last figures for this job (same steps)")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from _checkpoint import make_checkpoint_job
-from _machine import cache_root, launch, machine
+from _machine import at_least_one, cache_root, launch, machine
 
 EXECUTORS = ("auto", "mp")
 
@@ -70,13 +70,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_ratio_mp_over_auto": {
                 job: m["mp"]["cpu_seconds"] / m["auto"]["cpu_seconds"]
                 for job, m in median.items()}}
-
-
-def at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 if __name__ == "__main__":
