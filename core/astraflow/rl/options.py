@@ -77,7 +77,9 @@ class PolicyGradientOptions:
     """``dtype`` is the dtype of the trained (master) weights: float32 keeps small AdamW
     updates that bfloat16 would round away. ``export_dtype`` is what rollout engines
     load. ``loss`` is ``ppo`` (PPO-clip / GRPO with ``eps_low``/``eps_high``) or
-    ``m2po`` (bounds from the batch's second moment, ``m2po_tau``). ``kl_coef > 0`` keeps
+    ``m2po`` (bounds from the batch's second moment, ``m2po_tau``: known only once every
+    micro-batch's log-probs are, so a batch of several micro-batches costs a no-grad pass
+    first, one that fits ``micro_batch_size`` does not). ``kl_coef > 0`` keeps
     a frozen copy of the initial model as the KL reference. ``num_threads`` sets
     torch's intra-op threads (0 leaves torch's default).
 

@@ -286,13 +286,18 @@ class PolicyGradientBackend(TrainerBackend):
         (num_tokens,) = self._sum([float(sum(float(m.mask.sum()) for m in micros))])
         if num_tokens == 0:
             raise ValueError(f"batch {batch.batch_id!r} has no trained tokens (all loss_mask 0)")
-        clip = self._clip(micros)
+        # M2PO's bounds need the whole batch's log-probs before its first backward: over
+        # one micro-batch (on every replica) the training pass itself gives them, over
+        # several a no-grad pass goes first
+        single = cfg.loss == "m2po" and len(micros) == 1
+        first = self._token_stats(self.model, micros[0], entropy=True) if single else None
+        clip = self._clip(micros, [first] if single else None)
         self.optimizer.zero_grad(set_to_none=True)
         totals = dict.fromkeys(("loss", "clipped", "ratio", "kl", "entropy", "logp_diff",
                                 "corrected", "beyond_cap", "fresh_diff", "fresh_tokens"), 0.0)
         gap_max = 0.0
         for micro in micros:
-            stats = self._token_stats(self.model, micro, entropy=True)
+            stats = first if single else self._token_stats(self.model, micro, entropy=True)
             ref_logp = None
             if self.reference is not None:
                 with torch.no_grad():
@@ -353,21 +358,25 @@ class PolicyGradientBackend(TrainerBackend):
                 metrics["m2po_eps_low"], metrics["m2po_eps_high"] = clip
         return metrics
 
-    def _clip(self, micros: list[MicroBatch]) -> tuple[float, float] | None:
-        """PPO's fixed bounds, or M2PO's from a no-grad pass over the whole batch."""
+    def _clip(self, micros: list[MicroBatch],
+              passes: list[tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
+              ) -> tuple[float, float] | None:
+        """PPO's fixed bounds, or M2PO's over the whole batch: from ``passes`` (each
+        micro-batch's token stats, already computed) or from a no-grad pass."""
         if self.config.loss == "ppo":
             return (self.config.eps_low, self.config.eps_high)
+        if passes is None:
+            with torch.no_grad():
+                passes = [self._token_stats(self.model, micro) for micro in micros]
         logps, olds, advs, masks = [], [], [], []
-        with torch.no_grad():
-            for micro in micros:
-                stats = self._token_stats(self.model, micro)
-                if stats is None:  # an earlier pipeline stage: the clip is the last's
-                    continue
-                logp = stats[0]
-                logps.append(logp.flatten())
-                olds.append(micro.old_logp.flatten())
-                advs.append(micro.advantages.expand_as(logp).flatten())
-                masks.append(micro.mask.flatten())
+        for micro, stats in zip(micros, passes, strict=True):
+            if stats is None:  # an earlier pipeline stage: the clip is the last's
+                continue
+            logp = stats[0].detach()
+            logps.append(logp.flatten())
+            olds.append(micro.old_logp.flatten())
+            advs.append(micro.advantages.expand_as(logp).flatten())
+            masks.append(micro.mask.flatten())
         clip = None
         if logps:
             tensors = [torch.cat(t) for t in (logps, olds, advs, masks)]

@@ -259,6 +259,47 @@ class TrainerBackendContract:
             seen.append(metrics["lr"])
         assert seen == pytest.approx([5e-4, 1e-3, 1e-3, 5.5e-4])
 
+    def test_m2po_over_one_micro_batch_bounds_from_its_training_pass(
+        self, backend_config: Any, tiny_model_dir: str
+    ) -> None:
+        """M2PO's bounds are the whole batch's. Over micro-batches a no-grad pass gives
+        them before the first backward; over one micro-batch the training pass itself
+        does: the model runs as often as in a PPO step, with the same bounds and the
+        same update as over micro-batches of two."""
+        entry = get_registry().get("trainer_backend", self.backend_name)
+
+        def step(loss: str, micro_batch_size: int) -> tuple[dict, dict, int]:
+            backend = entry.create(OmegaConf.merge(backend_config, {
+                "loss": loss, "m2po_tau": 1e-6, "micro_batch_size": micro_batch_size}),
+                tiny_model_dir)
+            batch = with_behaviour_logprobs(backend, arithmetic_batch(
+                tiny_model_dir, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0]))
+            # stale samples: the behaviour log-probs of weights that have moved since
+            for n, item in enumerate(batch.items):
+                traj = item.trajectory
+                traj.logprobs = [lp + (0.05 if n % 2 else -0.05) * m
+                                 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True)]
+            model = getattr(backend, "model", None)
+            if not isinstance(model, torch.nn.Module):
+                pytest.skip("counts the passes of the backend's torch module `model`")
+            calls = [0]
+            hook = model.register_forward_hook(
+                lambda *_: calls.__setitem__(0, calls[0] + 1))
+            metrics = backend.train_step(batch)
+            hook.remove()
+            return metrics, backend.export_weights(), calls[0]
+
+        whole, whole_weights, whole_calls = step("m2po", 8)
+        split, split_weights, _ = step("m2po", 2)
+        _, _, ppo_calls = step("ppo", 8)
+        assert whole["m2po_clip_active"] == 1.0
+        assert (whole["m2po_eps_low"], whole["m2po_eps_high"]) == pytest.approx(
+            (split["m2po_eps_low"], split["m2po_eps_high"]), rel=1e-6)
+        assert whole["loss"] == pytest.approx(split["loss"], rel=1e-4, abs=1e-7)
+        assert all(torch.allclose(whole_weights[k].float(), split_weights[k].float(),
+                                  atol=1e-2) for k in whole_weights)
+        assert whole_calls == ppo_calls
+
     def test_checkpoint_resumes_bit_exactly(
         self, make_backend: MakeBackend, tiny_model_dir: str, tmp_path: Path
     ) -> None:
