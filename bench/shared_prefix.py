@@ -46,8 +46,11 @@ def grouped(vocab: int, groups: int, size: int, prompt: tuple[int, int],
     return items
 
 
-def time_steps(model_dir: str, items: list, steps: int, shared: bool,
-               micro_batch_size: int) -> tuple[float, float]:
+def time_steps(model_dir: str, items: list, steps: int, settings: dict,
+               stale: float = 0.0) -> tuple[float, dict]:
+    """The median of ``steps`` timed train steps of the hf backend with ``settings`` on
+    one batch of ``items`` (one torch thread), and the first step's metrics. Behaviour
+    log-probs are the model's, moved by +-``stale`` (alternate items) as on older samples."""
     import torch
     from astraflow_trainer_hf import HFConfig
     from astraflow_trainer_hf.backend import HFTrainerBackend
@@ -58,19 +61,40 @@ def time_steps(model_dir: str, items: list, steps: int, shared: bool,
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = OmegaConf.merge(OmegaConf.structured(HFConfig()), {
-        "shared_prefix": shared, "micro_batch_size": micro_batch_size, "lr": 1e-6})
+    config = OmegaConf.merge(OmegaConf.structured(HFConfig()), {"lr": 1e-6, **settings})
     backend = HFTrainerBackend(config, model_dir)
     batch = with_behaviour_logprobs(backend, Batch(batch_id="b", policy="policy",
                                                    items=items))
-    loss = backend.train_step(batch)["loss"]
+    for n, item in enumerate(batch.items):
+        traj = item.trajectory
+        traj.logprobs = [lp + (stale if n % 2 else -stale) * m
+                         for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True)]
+    first = backend.train_step(batch)
     backend.train_step(batch)  # warm-up
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         backend.train_step(batch)
         times.append(time.perf_counter() - start)
-    return statistics.median(times), loss
+    return statistics.median(times), first
+
+
+def shapes(tmp: Path, prompt: int, completion: int, hidden: int = 256, layers: int = 4,
+           groups: int = 8, group_size: int = 8) -> dict[str, tuple[str, list, int]]:
+    """Name -> (model directory, items, micro-batch size) of the two batch shapes: the
+    default job's on the tiny model, and the agentic one on a wider model built here."""
+    from astraflow.config import ModelConfig
+    from astraflow.models.tiny import make_tiny_model
+
+    tiny = make_tiny_model(tmp / "tiny", ModelConfig(warmstart_steps=0), seed=0)
+    wide = make_tiny_model(tmp / "wide", ModelConfig(
+        hidden_size=hidden, num_layers=layers, num_heads=4, intermediate_size=4 * hidden,
+        max_position_embeddings=2 * (prompt + completion), warmstart_steps=0), seed=0)
+    return {
+        "default job": (tiny, grouped(40, 32, 8, (4, 6), (1, 5)), 64),
+        "agentic": (wide, grouped(40, groups, group_size, (prompt // 2, prompt),
+                                  (1, completion)), 8),
+    }
 
 
 def main() -> None:
@@ -84,26 +108,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
 
-    from astraflow.config import ModelConfig
-    from astraflow.models.tiny import make_tiny_model
-
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = make_tiny_model(Path(tmp) / "tiny", ModelConfig(warmstart_steps=0), seed=0)
-        wide = make_tiny_model(Path(tmp) / "wide", ModelConfig(
-            hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
-            intermediate_size=4 * args.hidden,
-            max_position_embeddings=2 * (args.prompt + args.completion),
-            warmstart_steps=0), seed=0)
-        shapes = {
-            "default job": (tiny, grouped(40, 32, 8, (4, 6), (1, 5)), 64),
-            "agentic": (wide, grouped(40, args.groups, args.group_size,
-                                           (args.prompt // 2, args.prompt),
-                                           (1, args.completion)), 8),
-        }
         rows = []
-        for name, (model, items, micro) in shapes.items():
-            off, loss_off = time_steps(model, items, args.steps, False, micro)
-            on, loss_on = time_steps(model, items, args.steps, True, micro)
+        for name, (model, items, micro) in shapes(
+                Path(tmp), args.prompt, args.completion, args.hidden, args.layers,
+                args.groups, args.group_size).items():
+            settings = {"micro_batch_size": micro}
+            off, first_off = time_steps(model, items, args.steps,
+                                        {**settings, "shared_prefix": False})
+            on, first_on = time_steps(model, items, args.steps,
+                                      {**settings, "shared_prefix": True})
+            loss_off, loss_on = first_off["loss"], first_on["loss"]
             tokens = sum(len(i.trajectory.tokens) for i in items)
             rows.append({"shape": name, "sequences": len(items), "tokens": tokens,
                          "plain_seconds": off, "shared_seconds": on, "speedup": off / on,
