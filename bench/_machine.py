@@ -11,9 +11,12 @@ def at_least_one(text: str) -> int:
     """An ``argparse`` type: a count of at least 1, refused by name otherwise."""
     import argparse
 
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
     return value
 
 
