@@ -80,7 +80,14 @@ class PolicyGradientOptions:
     ``m2po`` (bounds from the batch's second moment, ``m2po_tau``: known only once every
     micro-batch's log-probs are, so a batch of several micro-batches costs a no-grad pass
     first, one that fits ``micro_batch_size`` does not). ``kl_coef > 0`` keeps
-    a frozen copy of the initial model as the KL reference. ``num_threads`` sets
+    a frozen copy of the initial model as the KL reference.
+
+    A micro-batch holds at most ``micro_batch_size`` sequences and, with
+    ``micro_batch_tokens`` > 0, at most that many padded tokens (its sequences x the
+    longest of them): short sequences pack many to a micro-batch, long ones few, so the
+    activations a micro-batch holds stay bounded whatever the lengths (a sequence longer
+    than the budget goes alone). Packing keeps a group's samples together where the
+    bounds allow, so a shared prompt is computed once. ``num_threads`` sets
     torch's intra-op threads (0 leaves torch's default).
 
     ``world_size`` is how many processes (ranks, one device each) train this policy
@@ -112,6 +119,8 @@ class PolicyGradientOptions:
     beta2: float = setting(0.999, ge=0, lt=1)
     adam_eps: float = setting(1e-8, gt=0)
     micro_batch_size: int = setting(64, ge=1)
+    micro_batch_tokens: int = setting(0, ge=0, why="0: micro_batch_size sequences a "
+                                      "micro-batch, however long")
     dtype: str = setting("float32", choices=DTYPE_NAMES)
     export_dtype: str = setting("bfloat16", choices=DTYPE_NAMES)
     loss: str = setting("ppo", choices=LOSSES)

@@ -43,3 +43,12 @@ def test_fsdp_lora_adapters_match_one_process(tiny_model_dir: str, tmp_path: Pat
     optimiser state, and the adapters each rank publishes are one process's."""
     check_ranks_match_one_process("hf", tiny_model_dir, tmp_path, {
         "world_size": 2, "lora": {"rank": 16}, "lr": 2e-3})
+
+
+@pytest.mark.slow
+def test_fsdp_micro_batches_bounded_by_tokens(tiny_model_dir: str, tmp_path: Path) -> None:
+    """``micro_batch_tokens``: each replica cuts its half of the batch by tokens, the
+    replicas run as many micro-batches as the one with most (the collectives meet), and
+    the steps are one process's."""
+    check_ranks_match_one_process("hf", tiny_model_dir, tmp_path, {
+        "world_size": 2, "micro_batch_tokens": 24})

@@ -148,3 +148,24 @@ def test_lora_adapters_share_the_prefix_too(tiny_model_dir: str) -> None:
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
     assert shared.shared_prefix
+
+
+def test_a_token_budget_cuts_the_batch_and_trains_as_one_micro_batch(
+        tiny_model_dir: str) -> None:
+    """``micro_batch_tokens``: micro-batches by padded tokens, groups kept whole, and the
+    same step as over the batch at once (the loss is normalised by the batch's tokens)."""
+    whole = backend(tiny_model_dir)
+    budget = 4 * max(len(i.trajectory.tokens) for i in grouped_batch(tiny_model_dir).items)
+    packed = backend(tiny_model_dir, micro_batch_tokens=budget)
+    batch = with_behaviour_logprobs(whole, grouped_batch(tiny_model_dir))
+    micros = packed._micro_batches(batch.items)
+    assert len(micros) > 1 and len(whole._micro_batches(batch.items)) == 1
+    for micro in micros:
+        assert micro.tokens.numel() <= budget
+    for _ in range(2):
+        want, got = whole.train_step(batch), packed.train_step(batch)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    for (name, a), b in zip(whole.model.named_parameters(), packed.model.parameters(),
+                            strict=True):
+        assert (a.grad - b.grad).abs().max() <= 1e-4 * a.grad.abs().max() + 1e-9, name
