@@ -92,9 +92,14 @@ class Ranks:
             flat = [x for item in items for x in item.trajectory.tokens]
             mask = [x for item in items for x in item.trajectory.loss_mask]
             logp = [x for item in items for x in item.trajectory.logprobs]
+            # each item's group, as the index of its first appearance: every rank cuts
+            # micro-batches alike (micro_batch_tokens keeps groups whole)
+            index: dict[str, int] = {}
+            groups = [index.setdefault(item.trajectory.group_id, len(index)) for item in items]
             for values, dtype in ((lengths, torch.int64), (flat, torch.int64),
                                   (mask, torch.int64), (logp, torch.float64),
-                                  ([item.advantage for item in items], torch.float64)):
+                                  ([item.advantage for item in items], torch.float64),
+                                  (groups, torch.int64)):
                 dist.broadcast(torch.tensor(values, dtype=dtype, device=self.device), 0)
 
     def stop(self) -> None:
@@ -119,16 +124,16 @@ class Ranks:
         parts = []
         for n, dtype in ((n_items, torch.int64), (n_tokens, torch.int64),
                          (n_tokens, torch.int64), (n_tokens, torch.float64),
-                         (n_items, torch.float64)):
+                         (n_items, torch.float64), (n_items, torch.int64)):
             part = torch.empty(n, dtype=dtype, device=self.device)
             dist.broadcast(part, 0)
             parts.append(part.tolist())
-        lengths, flat, mask, logp, advantages = parts
+        lengths, flat, mask, logp, advantages, groups = parts
         items, start = [], 0
-        for n, advantage in zip(lengths, advantages, strict=True):
+        for n, advantage, group in zip(lengths, advantages, groups, strict=True):
             end = start + n
             trajectory = Trajectory(
-                task_id="", group_id="", policy="", tokens=flat[start:end],
+                task_id="", group_id=f"g{group}", policy="", tokens=flat[start:end],
                 logprobs=logp[start:end], loss_mask=mask[start:end], versions=[0] * n,
                 spans=[Span(0, n, "policy")], reward=0.0)
             items.append(TrainItem(trajectory, advantage))
