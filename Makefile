@@ -64,9 +64,11 @@ test-fast: $(STAMP) lint bytecode
 
 # the sources' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (CI images
 # often set it) every process the tests start compiled the package again (5% of the CPU
-# of a test of fifty short runs)
+# of a test of fifty short runs); and the delta codec's numba kernels (~4 s once, under a
+# second from their cache), else the first test to use them compiles them on its clock
 bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 core plugins >/dev/null
+	$(PY) -c "from astraflow.weights import codec; codec.warm()"
 
 # the site: a broken link, a missing page or an unresolved reference fails the build
 docs: $(STAMP)

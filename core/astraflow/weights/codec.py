@@ -234,6 +234,33 @@ def _last_move(d: _Decoded) -> int:
     return ((zz >> 1) ^ -(zz & 1)) & 0xFFFF
 
 
+def warm() -> None:
+    """Compile the codec's kernels into numba's cache beside them (``make test`` does,
+    as it writes the bytecode), so the first delta a trainer, a node or a test encodes
+    or applies does not pay a few seconds of compilation. Every variant is compiled:
+    numba compiles a kernel apart for read-only and writable buffers."""
+    rng = np.random.default_rng(0)
+    cases = []
+    for dtype, n, hits in ((np.uint16, 1 << 14, (np.arange(0, 1 << 14, 3),  # gaps compress
+                                                 rng.choice(1 << 14, 3000, replace=False),
+                                                 np.arange(0, 1 << 14, 700),  # escaped gaps
+                                                 np.arange(0))),  # no change
+                           (np.uint8, 1001, (np.arange(0, 1001, 5), np.array([1000]))),
+                           (np.uint16, 1 << 18, (np.arange(0, 1 << 18, 2),))):  # threads
+        old = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+        for hit in hits:
+            new = old.copy()
+            new[np.sort(hit)] ^= np.array([1, 0xFF, 0x34], dtype)[np.arange(hit.size) % 3]
+            cases.append((old, new))
+    for old, new in cases:
+        delta = encode_delta(old, new)
+        for blob in (delta, np.frombuffer(bytearray(delta), dtype=np.uint8)):
+            apply_delta(old, blob, threads=1)
+            apply_delta(old, blob, out=old.copy(), threads=2)
+            inplace = old.copy()
+            apply_delta(inplace, blob, out=inplace, threads=2)
+
+
 def apply_delta(old: np.ndarray, delta: bytes | memoryview | np.ndarray,
                 out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """``new`` from ``old`` and ``encode_delta(old, new)``; ``out=old`` applies in place.
