@@ -25,11 +25,21 @@ class PublishTarget(Protocol):
     def commit(self, policy: str, version: int, staging: Path) -> dict[str, Any]: ...
 
 
+#: after a refused delta, the next versions are not even encoded as deltas: 1, then 2,
+#: 4, ... versions after each refusal in a row, at most this many
+MAX_DELTA_SKIP = 8
+
+
 class WeightPublisher:
     """Publishes one policy's versions; a full snapshot every ``full_every`` versions.
 
     A delta is dropped in favour of a full snapshot when it would exceed
     ``max_delta_fraction`` of the full size: past that point nodes gain little from it.
+    Encoding one is a pass over every weight, so after a refusal the next version is
+    published whole without trying, after two in a row the next two, and so on up to
+    :data:`MAX_DELTA_SKIP`: a stream whose every step moves most weights (full-weight
+    training at a high rate) pays one encoding in that many versions, and one whose
+    steps turn sparse is back to deltas within that many.
     A LoRA stream (``adapter``) publishes the adapter's tensors alone, the same way: a
     full adapter or a sparse delta of it, whichever is smaller.
     """
@@ -48,11 +58,21 @@ class WeightPublisher:
         self._previous: dict[str, st.Tensor] | None = None
         self._previous_version: int | None = None
         self._since_full = 0
+        #: versions still to publish whole without trying a delta, and the run of
+        #: refusals' current skip
+        self._skip = 0
+        self._backoff = 0
+        #: how many versions were encoded as deltas (tried, worth it or not)
+        self.deltas_tried = 0
 
     def publish(self, version: int, tensors: Mapping[str, st.Tensor]) -> dict[str, Any]:
         """Publish ``tensors`` as ``version``; returns the manifest the store accepted."""
         blobs = None
-        if self._previous is not None:
+        tried = self._previous is not None and self._skip == 0
+        self._skip = max(0, self._skip - 1)
+        if tried:
+            assert self._previous is not None
+            self.deltas_tried += 1
             try:
                 blobs = codec.make_delta(self._previous, tensors)
             except ValueError:
@@ -60,6 +80,9 @@ class WeightPublisher:
         full_bytes = sum(t.nbytes for t in tensors.values())
         worth = blobs is not None and (
             sum(len(b) for b in blobs.values()) <= self.max_delta_fraction * full_bytes)
+        if tried:
+            self._backoff = 0 if worth else min(max(1, 2 * self._backoff), MAX_DELTA_SKIP)
+            self._skip = self._backoff
         full = not worth or self._since_full + 1 >= self.full_every
         staging = self.target.staging(self.policy)
         try:

@@ -85,3 +85,28 @@ def test_publisher_sends_full_when_delta_is_not_worth_it(tmp_path):
     assert set(publisher.publish(0, base)["files"]) == {MODEL_FILE}
     assert set(publisher.publish(1, step(base, 1))["files"]) == {delta_name(0)}
     assert set(publisher.publish(2, make_model(seed=7))["files"]) == {MODEL_FILE}
+
+
+
+def test_a_stream_of_dense_steps_is_not_encoded_as_deltas_every_version(tmp_path):
+    """Refused deltas back off (1, 2, 4, 8 versions published whole without trying);
+    once the steps turn sparse, deltas are back within MAX_DELTA_SKIP versions and every
+    version still loads bit for bit."""
+    from astraflow.weights.publisher import MAX_DELTA_SKIP
+
+    store = WeightStore(tmp_path, keep_fulls=None)
+    publisher = WeightPublisher(store, "p", full_every=1000)
+    models = [make_model()]
+    publisher.publish(0, models[0])
+    for v in range(1, 20):  # every weight moves: no delta is worth it
+        models.append(make_model(seed=v))
+        assert set(publisher.publish(v, models[-1])["files"]) == {MODEL_FILE}
+    assert publisher.deltas_tried == 4  # versions 1, 3, 6 and 11
+    deltas = []
+    for v in range(20, 20 + MAX_DELTA_SKIP + 3):  # sparse steps from here
+        models.append(step(models[-1], seed=v))
+        deltas.append(delta_name(v - 1) in publisher.publish(v, models[-1])["files"])
+    first = deltas.index(True)
+    assert first <= MAX_DELTA_SKIP and all(deltas[first:])
+    for v, model in enumerate(models):
+        assert same(store.load("p", v), model)
