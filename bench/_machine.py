@@ -3,6 +3,7 @@ the launcher caches its models, which benchmarks share; and the check of their c
 
 from __future__ import annotations
 
+import json
 import platform
 from pathlib import Path
 
@@ -64,3 +65,10 @@ def launch(name: str, overrides: list[str], root: Path) -> tuple[dict, list[dict
     first = min(r["time"] for r in train if r["step"] == 1)
     last = max(r["time"] for r in train if r["step"] == steps)
     return summary, records, (last - first) / max(steps - 1, 1)
+
+
+def write_results(path: Path, payload: dict) -> None:
+    """Write a benchmark's JSON result (``bench/results/<name>.json``) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"results: {path}")

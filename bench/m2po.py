@@ -21,11 +21,10 @@ micro-batch. Prints the table and writes ``bench/results/m2po.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from _machine import at_least_one, cpu_model
+from _machine import at_least_one, cpu_model, write_results
 from shared_prefix import shapes, time_steps
 
 RESULTS = Path(__file__).parent / "results" / "m2po.json"
@@ -79,10 +78,7 @@ def main() -> None:
               f"{r['m2po_one_micro_batch_seconds']:>7.3f} "
               f"{r['m2po_over_ppo_one_micro_batch']:>5.2f}x | "
               f"{r['m2po_speedup_one_micro_batch']:>10.2f}x")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"cpu": cpu, "steps": args.steps, "shapes": rows},
-                                  indent=2))
-    print(f"results: {RESULTS}")
+    write_results(RESULTS, {"cpu": cpu, "steps": args.steps, "shapes": rows})
 
 
 if __name__ == "__main__":

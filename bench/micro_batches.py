@@ -26,11 +26,10 @@ writes ``bench/results/micro_batches.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from _machine import at_least_one, cpu_model
+from _machine import at_least_one, cpu_model, write_results
 from shared_prefix import grouped, time_steps
 
 RESULTS = Path(__file__).parent / "results" / "micro_batches.json"
@@ -93,10 +92,7 @@ def main() -> None:
               f"{r['budget_tokens']:>7} | {r['fixed_micro_batches']:>12} "
               f"{r['fixed_seconds']:>7.3f} | {r['budget_micro_batches']:>13} "
               f"{r['budget_seconds']:>7.3f} | {r['speedup']:>5.2f}x")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"cpu": cpu, "steps": args.steps, "shapes": rows},
-                                  indent=2))
-    print(f"results: {RESULTS}")
+    write_results(RESULTS, {"cpu": cpu, "steps": args.steps, "shapes": rows})
 
 
 if __name__ == "__main__":

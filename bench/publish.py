@@ -19,13 +19,12 @@ the figures and writes ``bench/results/publish.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _machine import at_least_one, cpu_model
+from _machine import at_least_one, cpu_model, write_results
 from shared_prefix import grouped
 
 RESULTS = Path(__file__).parent / "results" / "publish.json"
@@ -90,8 +89,8 @@ def main() -> None:
                                      Path(tmp) / f"store-{n}-{key}")
                     for key, skip in (("every version", 0), ("back-off", MAX_DELTA_SKIP))}
             base, new = runs["every version"], runs["back-off"]
-            rows.append({"case": name, **{f"{k}_{m}": v for k, r in runs.items()
-                                          for m, v in r.items() for k in [k.replace(" ", "_")]},
+            rows.append({"case": name, **{f"{k.replace(' ', '_')}_{m}": v
+                                          for k, r in runs.items() for m, v in r.items()},
                          "cpu_ratio": new["publish_cpu_ms"] / base["publish_cpu_ms"]})
             whole = (f"; versions published whole {base['whole_publish_cpu_ms']:.2f} -> "
                      f"{new['whole_publish_cpu_ms']:.2f} ms" if base["whole_publish_cpu_ms"]
@@ -102,10 +101,7 @@ def main() -> None:
                   f"  back-off:      {new['published']}", flush=True)
     cpu = cpu_model()
     print(f"CPU: {cpu} (one torch thread; d: a delta, f: whole)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"cpu": cpu, "versions": args.versions, "cases": rows},
-                                  indent=2))
-    print(f"results: {RESULTS}")
+    write_results(RESULTS, {"cpu": cpu, "versions": args.versions, "cases": rows})
 
 
 if __name__ == "__main__":

@@ -104,15 +104,12 @@ def spans(lengths: list[int], groups: list[Any], size: int, tokens: int = 0
 
     end = 0
     for first, last in units:
-        longest = max(width, *lengths[first:last])
-        if fits(last, longest):
-            end, width = last, longest
-            continue
-        if end > start:  # close the micro-batch being filled; the group starts the next
-            out.append((start, end))
+        top = max(lengths[first:last])
+        if end > start and not fits(last, max(width, top)):
+            out.append((start, end))  # closed: the group starts the next micro-batch
             start, width = end, 0
-        if fits(last, max(lengths[first:last])):
-            end, width = last, max(lengths[first:last])
+        if fits(last, max(width, top)):
+            end, width = last, max(width, top)
             continue
         for i in range(first, last):  # a group over the bounds alone: item by item
             longest = max(width, lengths[i])
