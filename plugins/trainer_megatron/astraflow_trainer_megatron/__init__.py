@@ -3,7 +3,11 @@
 Importing this module is cheap: the implementation is imported only when selected.
 """
 
+import contextlib
 import json
+import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,27 @@ from astraflow.rl.options import (
     parallel_sizes,
 )
 from astraflow.schema import setting
+
+
+@contextlib.contextmanager
+def importing_megatron() -> Iterator[None]:
+    """Around the first import of Megatron-core: without the warnings that its optional
+    accelerators (Transformer Engine, Apex) are missing, since it falls back to torch,
+    and without W&B unless something imported it already. Megatron imports ``wandb``
+    only for its inference metrics and timers' writers, which the trainer uses neither
+    of, and that import was a third of Megatron's (about 2 of 6 s of CPU in every rank
+    of every trainer). ``import wandb`` works as usual afterwards (a W&B logger)."""
+    hide = "wandb" not in sys.modules
+    if hide:
+        sys.modules["wandb"] = None  # type: ignore[assignment]  # ImportError inside
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore",
+                                    message=r".*(Apex|Transformer Engine).* not installed")
+            yield
+    finally:
+        if hide and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]
 
 
 @dataclass

@@ -9,14 +9,13 @@ rank holds (``mlp.experts.local_experts.<e>``, numbered among its own experts).
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any
 
 import torch
 
-with warnings.catch_warnings():
-    # Transformer Engine and Apex are optional accelerators: Megatron falls back to torch
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+from astraflow_trainer_megatron import importing_megatron
+
+with importing_megatron():
     import megatron.core.transformer.moe.moe_utils as _moe_utils
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel

@@ -23,8 +23,12 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from astraflow_trainer_megatron import importing_megatron
+
+with importing_megatron():
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 #: Megatron's RNG tracker needs a seed; weights come from a checkpoint and dropout is
 #: off, so no result depends on it
