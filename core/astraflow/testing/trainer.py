@@ -339,15 +339,15 @@ def contract_suites(backend_name: str) -> tuple[type, ...]:
 
 def run_ranks(backend_name: str, model_dir: str, out: Path, settings: dict[str, Any],
               timeout: float = 600) -> dict[str, Any]:
-    """Run :mod:`astraflow.testing.rank_worker` under ``torchrun`` with
-    ``settings["world_size"]`` ranks; returns what rank 0 wrote."""
+    """Run ``settings["world_size"]`` ranks of :mod:`astraflow.testing.rank_worker`,
+    forked from one process that imported the backend; returns what rank 0 wrote."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={settings['world_size']}", "-m", "astraflow.testing.rank_worker",
+    cmd = [sys.executable, "-m", "astraflow.testing.rank_worker",
+           "--ranks", str(settings["world_size"]),
            backend_name, model_dir, str(out), json.dumps(settings)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
