@@ -45,7 +45,7 @@ class NodeInProcess:
                        "the node's first rollouts")
 
 
-def start_node(tmp_path: Path, model_dir: str, token: str,
+def start_node(tmp_path: Path, model_dir: str, token: str, leave_grace: float = 1.0,
                **settings: Any) -> NodeInProcess:
     """A data layer serving arithmetic tasks (``settings`` on top), the model's weights
     published as version 0, and a node of four rollouts at a time leasing from it."""
@@ -55,7 +55,7 @@ def start_node(tmp_path: Path, model_dir: str, token: str,
     tensors, _ = load(f"{model_dir}/model.safetensors")
     WeightPublisher(HttpPublishTarget(server.url, token), "policy").publish(0, tensors)
     node = RaaSNode(compose_config([f"model.path={model_dir}"]), server.url, token,
-                    str(tmp_path / "node"), NodeOptions(concurrency=4, leave_grace=1.0),
+                    str(tmp_path / "node"), NodeOptions(concurrency=4, leave_grace=leave_grace),
                     node_name="n")
     loop = LoopThread()
     stop = asyncio.Event()

@@ -411,6 +411,18 @@ class AsyncDataflowClient(_Api):
             reply = await actions[step[0]](step[1])
         return step[1]
 
+    async def gone(self, timeout: float = 2.0) -> bool:
+        """Whether nothing listens at the data layer's address any more: a connection
+        refused, asked once and without the retries of every other call. A timeout or an
+        error reply is not "gone" (a data layer that is busy, or restarting)."""
+        try:
+            await self._http.get("/v1/health", timeout=timeout)
+        except httpx.ConnectError:
+            return True
+        except httpx.HTTPError:
+            return False
+        return False
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -114,6 +114,9 @@ class RaaSNode:
         #: a set-up mistake found while refreshing (an adapter of another base): the
         #: node stops with it instead of retrying forever
         self.fatal: Exception | None = None
+        #: found leaving: nothing listens at the data layer's address (it ended with a
+        #: killed launcher), so rollouts in flight and the leave call are given up at once
+        self.orphaned = False
         self.node_id: str | None = None
         self.completed = 0
         #: rollouts failed since the last that did not, and when that one ended
@@ -350,9 +353,12 @@ class RaaSNode:
                         running.add(asyncio.create_task(
                             self._run_lease(lease, more=not stop.is_set())))
         if running:  # a leaving node finishes what it leased, for a while
-            # unless the run is over: with every trainer gone nothing would train on them
+            # unless the run is over: with every trainer gone nothing would train on them;
+            # nor with the data layer gone (the launcher was killed): nothing could take
+            # them, and their tasks are in its store, to be issued again
             over = await self._trainers_gone()
-            grace = 0.0 if over else self.options.leave_grace
+            self.orphaned = not over and await self.client.gone()
+            grace = 0.0 if over or self.orphaned else self.options.leave_grace
             done, late = await asyncio.wait(running, timeout=grace) if grace else (set(),
                                                                                   running)
             self._report(done, stop)
@@ -361,6 +367,9 @@ class RaaSNode:
             if late and over:
                 log.info("node %s: every trainer is gone; dropped %d rollouts in flight",
                          self.name, len(late))
+            elif late and self.orphaned:
+                log.warning("node %s: the data layer is gone; dropped %d rollouts in flight "
+                            "(their tasks will be issued again)", self.name, len(late))
             elif late:
                 log.warning("node %s: left %d rollouts unfinished after %.0fs; their tasks "
                             "will be issued again", self.name, len(late), grace)
@@ -440,7 +449,7 @@ class RaaSNode:
         finally:
             for t in side:
                 t.cancel()
-            if self.node_id is not None:
+            if self.node_id is not None and not self.orphaned:
                 try:
                     # not the client's minutes of retries: a node stopped because its
                     # launcher died finds the data layer gone too, and must still end
