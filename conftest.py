@@ -48,6 +48,9 @@ PACED = (
     "tests/system/faults/test_faults_chaos.py",
     "tests/system/elastic/test_elastic_cross_region.py",
     "tests/system/multipolicy/test_multipolicy_sync.py",
+    # 45 s of steady load, whatever the CPU; nodes whose rollouts take 0.8 s each
+    "tests/system/dataflow/test_dataflow_soak.py",
+    "tests/system/elastic/test_elastic_nodes.py",
     "tests/system/e2e/test_e2e_agent.py::test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on",
 )
 #: audit events that start another process
