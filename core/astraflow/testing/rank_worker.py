@@ -6,7 +6,8 @@ variables ``torchrun`` would (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...); und
 ``torchrun``, without ``--ranks``, the process is one rank. Forked, a rank starts in
 milliseconds instead of importing torch, transformers and the backend (5-8 CPU-seconds
 for Megatron) beside the others, and the first rank that fails ends the rest, as under
-``torchrun``. Every rank builds the backend; rank 0 reads
+``torchrun``. A backend whose import starts a thread or an accelerator cannot be forked
+safely: its ranks start under ``torchrun``. Every rank builds the backend; rank 0 reads
 ``OUT_DIR/batch1.json`` and ``OUT_DIR/batch2.json`` and leads the others through
 :class:`astraflow.trainer.ranks.Leader` (the batches reach them as tensors). Rank 0
 writes what a test compares with one process into ``OUT_DIR/result.json``:
@@ -82,7 +83,20 @@ def fork_ranks(world_size: int, args: list[str]) -> int:
     """Import what every rank needs once, fork ``world_size`` ranks, and wait for them:
     0 when all end well, else the first failure's code (the others are killed then,
     since they would wait for it in a collective until their timeout)."""
+    import threading
+
+    import torch
+
     get_registry().get("trainer_backend", args[0]).load()  # torch, the backend
+    if threading.active_count() > 1 or torch.cuda.is_initialized():
+        # a fork copies one thread and no accelerator context: ranks start fresh instead
+        print("rank_worker: the backend's import started a thread or an accelerator; "
+              "starting the ranks under torchrun", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world_size}", "-m", "astraflow.testing.rank_worker", *args])
     env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     ranks: dict[int, int] = {}
