@@ -51,6 +51,12 @@ PACED = (
     # 45 s of steady load, whatever the CPU; nodes whose rollouts take 0.8 s each
     "tests/system/dataflow/test_dataflow_soak.py",
     "tests/system/elastic/test_elastic_nodes.py",
+    # a browser following a run; a data layer stalled, a publish retried, a data layer
+    # gone under a node: seconds of waiting for a fraction of a CPU-second
+    "tests/system/dashboard/test_dashboard_browser.py",
+    "tests/system/dataflow/test_dataflow_stall.py",
+    "tests/system/weights/test_weights_publish_retry.py",
+    "tests/system/faults/test_faults_node_leave.py",
     "tests/system/e2e/test_e2e_agent.py::test_an_agent_that_hangs_fails_its_rollout_and_the_run_goes_on",
 )
 #: audit events that start another process
