@@ -356,8 +356,10 @@ class RaaSNode:
             # unless the run is over: with every trainer gone nothing would train on them;
             # nor with the data layer gone (the launcher was killed): nothing could take
             # them, and their tasks are in its store, to be issued again
-            over = await self._trainers_gone()
-            self.orphaned = not over and await self.client.gone()
+            # (asked first: once the data layer is gone, its status would take the
+            # client's retries for nothing)
+            self.orphaned = await self.client.gone()
+            over = not self.orphaned and await self._trainers_gone()
             grace = 0.0 if over or self.orphaned else self.options.leave_grace
             done, late = await asyncio.wait(running, timeout=grace) if grace else (set(),
                                                                                   running)
@@ -456,6 +458,7 @@ class RaaSNode:
                     await asyncio.wait_for(self.client.leave(self.node_id), LEAVE_TIMEOUT)
                 except Exception as exc:  # leaving is best-effort: leases expire anyway
                     log.warning("leave failed: %r", exc)
+            await self.submitter.aclose()
             workflow = getattr(self, "workflow", None)
             if workflow is not None:
                 await workflow.aclose()

@@ -18,6 +18,7 @@ right behind another request waits that long for company.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +48,14 @@ class Submitter:
         self.requests = 0
         self.submissions = 0
         self._last_sent = float("-inf")
+
+    async def aclose(self) -> None:
+        """Stop sending (the node is leaving): a request still retrying, whose rollouts
+        were dropped, is given up rather than left pending when the loop ends."""
+        if self._draining is not None and not self._draining.done():
+            self._draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._draining
 
     def linger(self) -> float:
         """Seconds between two requests while submissions trickle in: long enough for
