@@ -43,6 +43,8 @@ IDLE_POLL = 0.2
 BUSY_POLL = 0.5
 #: longest a leaving node tries to tell the data layer so
 LEAVE_TIMEOUT = 5.0
+#: how often a leaving node waiting on its rollouts asks whether its data layer is gone
+GONE_POLL = 0.5
 #: a node whose last this many rollouts all failed, none for this many seconds (an
 #: engine that died under it), stops with the last error, so that its launcher starts it
 #: again (within launcher.max_restarts) instead of it failing every lease for ever
@@ -353,16 +355,10 @@ class RaaSNode:
                         running.add(asyncio.create_task(
                             self._run_lease(lease, more=not stop.is_set())))
         if running:  # a leaving node finishes what it leased, for a while
-            # unless the run is over: with every trainer gone nothing would train on them;
-            # nor with the data layer gone (the launcher was killed): nothing could take
-            # them, and their tasks are in its store, to be issued again
-            # (asked first: once the data layer is gone, its status would take the
-            # client's retries for nothing)
-            self.orphaned = await self.client.gone()
-            over = not self.orphaned and await self._trainers_gone()
-            grace = 0.0 if over or self.orphaned else self.options.leave_grace
-            done, late = await asyncio.wait(running, timeout=grace) if grace else (set(),
-                                                                                  running)
+            # unless the run is over: with every trainer gone nothing would train on them
+            over = await self._trainers_gone()
+            grace = 0.0 if over else self.options.leave_grace
+            done, late = await self._finish(running, grace) if grace else (set(), running)
             self._report(done, stop)
             for task in late:  # e.g. submissions retrying a data layer that is gone:
                 task.cancel()  # their leases expire and are issued again
@@ -377,6 +373,23 @@ class RaaSNode:
                             "will be issued again", self.name, len(late), grace)
             if late:
                 await asyncio.wait(late)
+
+    async def _finish(self, running: set[asyncio.Task], grace: float
+                      ) -> tuple[set[asyncio.Task], set[asyncio.Task]]:
+        """Wait up to ``grace`` for the rollouts in flight, unless the data layer goes
+        meanwhile (a killed launcher: every component gets SIGTERM at once, and the data
+        layer may still answer the first moment): nothing could take them then, and their
+        tasks are in its store, to be issued again. Returns (done, late)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        done: set[asyncio.Task] = set()
+        while running and (left := deadline - loop.time()) > 0:
+            finished, running = await asyncio.wait(running, timeout=min(left, GONE_POLL))
+            done |= finished
+            if running and await self.client.gone():
+                self.orphaned = True
+                break
+        return done, running
 
     def _report(self, done: set[asyncio.Task], stop: asyncio.Event) -> None:
         """Logs each failed rollout; a node whose rollouts have all failed for a while

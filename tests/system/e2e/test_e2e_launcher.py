@@ -231,3 +231,8 @@ def test_components_end_when_the_launcher_is_killed(tmp_path, tiny_model_dir):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"{exc}: still running: {left}") from None
+    # a node with rollouts in flight gives them no grace once its data layer is gone
+    # (that data layer may still answer the first moment after the SIGTERM)
+    node_log = (run_dir / "logs" / "raas-0.log").read_text()
+    assert "unfinished after" not in node_log and "leave failed" not in node_log, \
+        node_log[-2000:]
