@@ -104,7 +104,10 @@ def test_a_machine_that_leaves_the_cluster_mid_run(cluster, second_node, tmp_pat
         _out, err = launcher.communicate(timeout=400)
     assert launcher.returncode == 0, err[-3000:]
     said = [line for line in err.splitlines() if "raas-b-0 waits for" in line]
-    assert len(said) == 1, err[-3000:]
+    # once for the machine that left; on a loaded host Ray may also take more than 10 s
+    # to place the node at the start, which is said once too
+    again = [line for line in said if "place it again" in line]
+    assert len(again) == 1 and len(said) - len(again) <= 1, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
     assert summary["steps"] == steps
     (store,) = machines.glob("*/dataflow/store")
