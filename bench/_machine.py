@@ -72,3 +72,34 @@ def write_results(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
     print(f"results: {path}")
+
+
+def host_probe(reps: int = 7) -> float:
+    """Median seconds of a fixed CPU workload on one torch thread: small layers'
+    forwards and backwards, dispatch-bound as the tiny model's training is. A benchmark
+    whose sides run one after the other takes it before and after each, so a host that
+    changed speed between them (a noisy neighbour, a clock that moved) shows in the
+    result instead of passing for one side's gain."""
+    import statistics
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        layers = [torch.randn(256, 256, generator=gen, requires_grad=True) for _ in range(4)]
+        x = torch.randn(64, 256, generator=gen)
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            for _ in range(20):
+                h = x
+                for w in layers:
+                    h = torch.tanh(h @ w)
+                h.square().mean().backward()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)

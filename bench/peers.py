@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import at_least_one, cache_root, cpu_model
+from _machine import at_least_one, cache_root, cpu_model, host_probe
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -279,6 +279,9 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
               f"{side['first_step_seconds']:.1f} s after start, wall {side['wall_seconds']:.0f} s"
               + (f", trainer wait {side['trainer_wait_fraction']:.1%}, trained / generated "
                  f"{side['trained_fraction']:.3f}" if "trained_fraction" in side else ""))
+    probes = probe_line(sides)
+    if probes:
+        print(probes)
     print("  seconds to first reach the accuracy (never: --; start: before step 1)")
     print("            from the end of step 1          from the command's start")
     print("  accuracy  AstraFlow    TRL  TRL/AstraFlow  AstraFlow    TRL  TRL/AstraFlow")
@@ -287,6 +290,30 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
               f"{_s(r['trl_from_first_step'])}  {_x(r['ratio_from_first_step'])}       "
               f"{_s(r['astraflow_from_start'])}    {_s(r['trl_from_start'])}  "
               f"{_x(r['ratio_from_start'])}")
+
+
+def probed(run: Any) -> dict[str, Any]:
+    """``run()``'s side, with the host's speed (:func:`host_probe`, ms) just before and
+    just after it: the two sides run one after the other, and a host that slowed down
+    or sped up between them moves the ratios as much as either side's code does."""
+    before = host_probe() * 1000
+    side = run()
+    side["host_probe_ms"] = [before, host_probe() * 1000]
+    return side
+
+
+def probe_line(sides: dict[str, dict[str, Any]]) -> str | None:
+    """How fast the host was during each side's run, and TRL's against AstraFlow's."""
+    probes = {name: sum(s["host_probe_ms"]) / 2 for name, s in sides.items()
+              if s.get("host_probe_ms")}
+    if not probes:
+        return None
+    line = "  host probe (one thread, lower is faster): " + ", ".join(
+        f"{name} {ms:.1f} ms" for name, ms in probes.items())
+    if "astraflow" in probes and "trl" in probes:
+        line += (f"; the host was {probes['trl'] / probes['astraflow']:.2f}x as slow in "
+                 "TRL's run as in AstraFlow's")
+    return line
 
 
 def job_kind(args: argparse.Namespace) -> str:
@@ -336,19 +363,21 @@ def run_job(args: argparse.Namespace, seed: int | None) -> tuple[str, dict[str, 
         if "astraflow_no_latency" in previous:
             sides["astraflow_no_latency"] = previous["astraflow_no_latency"]
     else:
-        sides["astraflow"] = run_astraflow(overrides, root / "astraflow", shared, tuple(own))
+        sides["astraflow"] = probed(lambda: run_astraflow(overrides, root / "astraflow",
+                                                          shared, tuple(own)))
         if args.latency:
             # the baseline of latency's cost: the same AstraFlow settings, no latency
             plain = [o for o in overrides if not o.startswith("workflow.latency.")]
-            sides["astraflow_no_latency"] = run_astraflow(
+            sides["astraflow_no_latency"] = probed(lambda: run_astraflow(
                 plain, root / "astraflow-no-latency",
-                shared_config(plain, root / "no-latency"), tuple(own))
+                shared_config(plain, root / "no-latency"), tuple(own)))
     if args.skip_trl:
         if "trl" in previous:
             sides["trl"] = previous["trl"]
     else:
         assert python is not None
-        sides["trl"] = run_trl(python, root / "trl" / "config.yaml", root / "trl", args.threads)
+        sides["trl"] = probed(lambda: run_trl(python, root / "trl" / "config.yaml",
+                                              root / "trl", args.threads))
     rows = compare(sides, args.thresholds)
     report(job, sides, rows)
     cost = None
@@ -379,8 +408,13 @@ def spread(jobs: dict[str, dict[str, Any]], thresholds: list[float]) -> dict[str
     diffs = [f["astraflow"] - f["trl"] for f in finals.values() if len(f) == 2]
     mean = statistics.fmean(diffs) if diffs else None
     error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    probe = {name: (sum(j["trl"]["host_probe_ms"]) / sum(j["astraflow"]["host_probe_ms"])
+                    if j.get("trl", {}).get("host_probe_ms")
+                    and j.get("astraflow", {}).get("host_probe_ms") else None)
+             for name, j in jobs.items()}
     return {"jobs": list(jobs), "thresholds": rows, "final": finals,
-            "final_difference_mean": mean, "final_difference_stderr": error}
+            "final_difference_mean": mean, "final_difference_stderr": error,
+            "host_probe_trl_over_astraflow": probe}
 
 
 def report_spread(result: dict[str, Any]) -> None:
@@ -399,6 +433,10 @@ def report_spread(result: dict[str, Any]) -> None:
         stderr = result["final_difference_stderr"]
         print(f"  mean difference {result['final_difference_mean']:+.3f}"
               + (f" (standard error {stderr:.3f})" if stderr is not None else ""))
+    probe = result.get("host_probe_trl_over_astraflow") or {}
+    if any(v is not None for v in probe.values()):
+        print("  host probe, TRL's run / AstraFlow's (1.00: the host held its speed): "
+              + ", ".join(f"{n.rsplit('-', 1)[-1]} {_x(v)}" for n, v in probe.items()))
 
 
 def main() -> None:
