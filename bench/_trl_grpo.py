@@ -45,13 +45,23 @@ def grpo_settings(cfg: Any) -> dict[str, Any]:
                          "the run's steps")
     if cfg.batch_size % cfg.group_size:
         raise SystemExit(f"batch_size={cfg.batch_size} is not a multiple of group_size")
+    micro = min(int(trainer.micro_batch_size), int(cfg.batch_size))
+    if cfg.batch_size % micro:
+        raise SystemExit(f"trainer.micro_batch_size={micro} does not divide batch_size="
+                         f"{cfg.batch_size}: TRL accumulates whole micro-batches")
+    if int(trainer.get("micro_batch_tokens", 0)):
+        raise SystemExit("trainer.micro_batch_tokens: TRL has no micro-batches bounded by "
+                         "tokens")
     return {
         "seed": int(cfg.seed),
         "max_steps": int(cfg.steps),
-        # one optimizer step = one generation batch = batch_size completions, no accumulation
-        "per_device_train_batch_size": int(cfg.batch_size),
-        "gradient_accumulation_steps": 1,
-        "steps_per_generation": 1,
+        # one optimizer step = one generation batch = batch_size completions, trained in
+        # AstraFlow's micro-batches (the same memory bound): micro_batch_size sequences a
+        # forward and backward, accumulated; the "dapo" loss divides each by the whole
+        # generation batch's tokens, so the step's gradient is the batch's token mean
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": int(cfg.batch_size) // micro,
+        "steps_per_generation": int(cfg.batch_size) // micro,
         "num_iterations": 1,
         "num_generations": int(cfg.group_size),
         "max_completion_length": int(cfg.workflow.max_new_tokens),
