@@ -3,8 +3,8 @@
 Everything comes from the resolved AstraFlow config ``peers.py`` composed (the same
 one, overrides included, that the AstraFlow side runs): the model directory, the
 task's train split in AstraFlow's order, the prompts as AstraFlow's tokenizer encodes
-them, the workflow's reward (its ``completion_text`` and ``score``), the batch shape,
-the optimiser, the learning-rate schedule and the held-out evaluation.
+them, the workflow's reward (its ``completion_text`` and ``score``), the batch shape and
+its micro-batches, the optimiser, the learning-rate schedule and the held-out evaluation.
 
 A synchronous trainer waits for the slowest sample of its batch: with
 ``workflow.latency`` set, the reward function (called once per generation batch)

@@ -3,9 +3,10 @@
 Both sides run one job: the same warm-started tiny model (the very checkpoint directory
 AstraFlow's launcher builds and caches), the arithmetic task's train split in the same
 order, prompts encoded to the same ids, the same exact-match reward, 32 prompts x 8
-samples per optimizer step, 6 new tokens at temperature 1.0, AdamW at lr 3e-4 on a
-cosine schedule to 0.1x, PPO clip 0.2/0.28, no KL, a token mean over the batch, the
-same seed; and the same held-out evaluation (``eval_samples`` sampled answers per
+samples per optimizer step trained in micro-batches of 64 (``trainer.micro_batch_size``),
+6 new tokens at temperature 1.0, AdamW at lr 3e-4 on a cosine schedule to 0.1x, PPO
+clip 0.2/0.28, no KL, a token mean over the batch, the same seed; and the same held-out
+evaluation (``eval_samples`` sampled answers per
 held-out task, every ``eval_every`` steps). Every setting is read from the AstraFlow
 config the two sides share (``python -m astraflow`` with no overrides but the step
 count and, for the latency job, the environment latency), so they cannot drift apart.
