@@ -6,8 +6,8 @@ order, prompts encoded to the same ids, the same exact-match reward, 32 prompts 
 samples per optimizer step trained in micro-batches of 64 (``trainer.micro_batch_size``),
 6 new tokens at temperature 1.0, AdamW at lr 3e-4 on a cosine schedule to 0.1x, PPO
 clip 0.2/0.28, no KL, a token mean over the batch, the same seed; and the same held-out
-evaluation (``eval_samples`` sampled answers per
-held-out task, every ``eval_every`` steps). Every setting is read from the AstraFlow
+evaluation (``eval_samples`` sampled answers per held-out task, every ``eval_every``
+steps). Every setting is read from the AstraFlow
 config the two sides share (``python -m astraflow`` with no overrides but the step
 count and, for the latency job, the environment latency), so they cannot drift apart.
 
@@ -303,10 +303,15 @@ def probed(run: Any) -> dict[str, Any]:
     return side
 
 
+def probe_ms(side: dict[str, Any] | None) -> float | None:
+    """The host probe around a side's run (before and after, averaged), if it was taken."""
+    probes = (side or {}).get("host_probe_ms")
+    return sum(probes) / len(probes) if probes else None
+
+
 def probe_line(sides: dict[str, dict[str, Any]]) -> str | None:
     """How fast the host was during each side's run, and TRL's against AstraFlow's."""
-    probes = {name: sum(s["host_probe_ms"]) / 2 for name, s in sides.items()
-              if s.get("host_probe_ms")}
+    probes = {name: ms for name, s in sides.items() if (ms := probe_ms(s)) is not None}
     if not probes:
         return None
     line = "  host probe (one thread, lower is faster): " + ", ".join(
@@ -409,10 +414,10 @@ def spread(jobs: dict[str, dict[str, Any]], thresholds: list[float]) -> dict[str
     diffs = [f["astraflow"] - f["trl"] for f in finals.values() if len(f) == 2]
     mean = statistics.fmean(diffs) if diffs else None
     error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
-    probe = {name: (sum(j["trl"]["host_probe_ms"]) / sum(j["astraflow"]["host_probe_ms"])
-                    if j.get("trl", {}).get("host_probe_ms")
-                    and j.get("astraflow", {}).get("host_probe_ms") else None)
-             for name, j in jobs.items()}
+    probe = {}
+    for name, j in jobs.items():
+        trl, ours = probe_ms(j.get("trl")), probe_ms(j.get("astraflow"))
+        probe[name] = trl / ours if trl is not None and ours is not None else None
     return {"jobs": list(jobs), "thresholds": rows, "final": finals,
             "final_difference_mean": mean, "final_difference_stderr": error,
             "host_probe_trl_over_astraflow": probe}
