@@ -104,7 +104,8 @@ def _weights_router(settings: DataflowSettings, service: DataflowService,
     """The weight store's routes (when installed) over ``<store>/weights``.
 
     A committed version is announced to the service, so batches and admission control
-    see it without the trainer announcing it separately.
+    see it without the trainer announcing it separately. Uploads come in chunks that fit
+    ``max_body_bytes``, the limit every request keeps.
     """
     if importlib.util.find_spec("astraflow.weights.http") is None:
         return None
@@ -112,7 +113,8 @@ def _weights_router(settings: DataflowSettings, service: DataflowService,
     from astraflow.weights.store import WeightStore
 
     store = WeightStore(settings.store_path / "weights")
-    return weights_router(store, auth, service.announce_version)
+    return weights_router(store, auth, service.announce_version,
+                          max_body_bytes=settings.max_body_bytes)
 
 
 def create_app(settings: DataflowSettings, token: str,

@@ -4,19 +4,38 @@ Downloads are plain files with Range support (206, Content-Range, ETag = sha256)
 an interrupted pull resumes where it stopped. Trainers upload a version file by file
 and then commit its manifest; the store checks every sha256 before the version
 becomes visible, and only then is ``on_publish`` told.
+
+A file is uploaded in chunks that fit the data layer's request size limit
+(:mod:`astraflow.weights.upload`):
+
+- ``GET /v1/weights/{policy}/{version}/uploads/{name}?sha256=<file's>`` answers
+  ``{"bytes": <held>, "max_chunk_bytes": ...}``: where to resume, and how big a chunk
+  may be;
+- ``PATCH`` on the same path, ``?sha256=<file's>&offset=<n>&chunk_sha256=<chunk's>``,
+  with the chunk as the body, writes it at ``offset`` (the bytes held: appended; fewer:
+  written again from there) and answers the bytes held; a chunk whose sha256 differs
+  gets 422 naming its offset, an offset past the bytes held 409 naming them.
+
+``PUT /v1/weights/{policy}/{version}/files/{name}?sha256=`` still takes a whole file in
+one request, for files under the size limit (and publishers from before chunks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import re
 import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
+from astraflow.weights._fs import sha256_file
 from astraflow.weights.errors import CorruptError, VersionError
 from astraflow.weights.store import (
     MANIFEST,
@@ -25,8 +44,11 @@ from astraflow.weights.store import (
     check_policy,
     parse_manifest,
 )
+from astraflow.weights.upload import CHUNK_BYTES, ChunkTooLargeError, OffsetError, Uploads
 
 DEFAULT_MAX_UPLOAD_BYTES = 64 << 30
+SHA256 = r"^[0-9a-fA-F]{64}$"
+_UPLOAD_DIR = re.compile(r"^\.upload-v(\d+)$")
 
 
 def _http_error(exc: Exception) -> HTTPException:
@@ -40,9 +62,15 @@ def _http_error(exc: Exception) -> HTTPException:
 
 def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
                    on_publish: Callable[[str, int], Any] | None = None, *,
-                   max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> APIRouter:
+                   max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+                   max_body_bytes: int | None = None) -> APIRouter:
+    """The routes over ``store``. ``max_body_bytes`` is the request size limit of the
+    app that mounts them: upload chunks are kept within it (and within
+    :data:`~astraflow.weights.upload.CHUNK_BYTES`); ``max_upload_bytes`` bounds a file."""
     router = APIRouter(prefix="/v1/weights", tags=["weights"],
                        dependencies=[Depends(auth_dependency)])
+    uploads = Uploads(store.root)
+    max_chunk = max(1, min(CHUNK_BYTES, max_body_bytes or CHUNK_BYTES))
 
     def guarded(fn: Callable[[], Any]) -> Any:
         try:
@@ -84,35 +112,86 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
                             headers={"etag": f'"{entry["sha256"]}"',
                                      "cache-control": "public, max-age=31536000, immutable"})
 
-    def upload_dir(policy: str, version: int):
-        return store.root / check_policy(policy) / f".upload-v{int(version)}"
+    def upload_dir(policy: str, version: int) -> Path:
+        return uploads.directory(policy, version)
+
+    def file_to_upload(policy: str, version: int, name: str) -> Path:
+        guarded(lambda: (check_policy(policy), check_file_name(name)))
+        return upload_dir(policy, version) / name
 
     @router.put("/{policy}/{version}/files/{name}", status_code=201)
     async def upload(policy: str, version: int, name: str, request: Request,
                      sha256: str = Query(..., min_length=64, max_length=64)) -> dict[str, Any]:
-        guarded(lambda: (check_policy(policy), check_file_name(name)))
+        """A whole file in one request (one under the request size limit)."""
+        path = file_to_upload(policy, version, name)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_upload_bytes:
             raise HTTPException(413, f"{name} is {declared} bytes; the limit is "
                                      f"{max_upload_bytes}")
-        directory = upload_dir(policy, version)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name_tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".put", dir=path.parent)
+        tmp = Path(name_tmp)
         digest, size = hashlib.sha256(), 0
-        with open(path, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_upload_bytes:
-                    f.close()
-                    path.unlink(missing_ok=True)
-                    raise HTTPException(413, f"{name} exceeds the {max_upload_bytes}-byte limit")
-                digest.update(chunk)
-                await run_in_threadpool(f.write, chunk)
-        if digest.hexdigest() != sha256.lower():
-            path.unlink(missing_ok=True)
-            raise HTTPException(422, f"{name}: received {size} bytes with sha256 "
-                                     f"{digest.hexdigest()}, expected {sha256}; upload again")
+        try:
+            with open(fd, "wb") as f:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > max_upload_bytes:
+                        raise HTTPException(413, f"{name} exceeds the {max_upload_bytes}-byte "
+                                                 "limit")
+                    digest.update(chunk)
+                    await run_in_threadpool(f.write, chunk)
+            if digest.hexdigest() != sha256.lower():
+                raise HTTPException(422, f"{name}: received {size} bytes with sha256 "
+                                         f"{digest.hexdigest()}, expected {sha256}; upload "
+                                         "again")
+            await run_in_threadpool(uploads.put_whole, path.parent, name, sha256, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
         return {"name": name, "bytes": size, "sha256": digest.hexdigest()}
+
+    @router.get("/{policy}/{version}/uploads/{name}")
+    def upload_status(policy: str, version: int, name: str,
+                      sha256: str = Query(..., pattern=SHA256)) -> dict[str, Any]:
+        """How many bytes of the file with this sha256 are held, and the chunk size."""
+        path = file_to_upload(policy, version, name)
+        return {"name": name, "sha256": sha256.lower(), "bytes": uploads.held(path, sha256),
+                "max_chunk_bytes": max_chunk, "max_file_bytes": max_upload_bytes}
+
+    @router.patch("/{policy}/{version}/uploads/{name}")
+    async def upload_chunk(policy: str, version: int, name: str, request: Request,
+                           sha256: str = Query(..., pattern=SHA256),
+                           offset: int = Query(..., ge=0),
+                           chunk_sha256: str = Query(..., pattern=SHA256)) -> dict[str, Any]:
+        """One chunk of a file, checked, written at ``offset``."""
+        path = file_to_upload(policy, version, name)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_chunk:
+            raise HTTPException(413, f"a chunk of {name} is {declared} bytes; chunks are at "
+                                     f"most {max_chunk} (max_chunk_bytes)")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > max_chunk:
+                raise HTTPException(413, f"a chunk of {name} exceeds {max_chunk} bytes "
+                                         "(max_chunk_bytes)")
+
+        def write() -> int:
+            got = hashlib.sha256(body).hexdigest()
+            if got != chunk_sha256.lower():
+                raise HTTPException(422, f"{name}: the chunk at offset {offset} ({len(body)} "
+                                         f"bytes) has sha256 {got}, expected {chunk_sha256}; "
+                                         "send it again")
+            return uploads.write(path.parent, name, sha256, offset, bytes(body),
+                                 max_upload_bytes)
+        try:
+            held = await run_in_threadpool(write)
+        except OffsetError as exc:
+            raise HTTPException(409, str(exc),
+                                headers={"upload-offset": str(exc.held)}) from exc
+        except ChunkTooLargeError as exc:
+            raise HTTPException(413, str(exc)) from exc
+        return {"name": name, "sha256": sha256.lower(), "bytes": held}
 
     def committed_already(policy: str, version: int, body: bytes) -> dict[str, Any] | None:
         """The manifest of ``version`` if the store already holds it as ``body`` describes:
@@ -124,6 +203,41 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
         except (ValueError, VersionError, CorruptError):
             return None
         return held if held == sent else None
+
+    def verify(directory: Path, policy: str, version: int, body: bytes) -> dict[str, str]:
+        """Each uploaded file's sha256, checked against the manifest; a file that fails
+        is dropped (its bytes held are wrong: the publisher sends it again)."""
+        manifest = parse_manifest(body, policy, version)
+        verified: dict[str, str] = {}
+        problems = []
+        for name, entry in manifest["files"].items():
+            path = directory / name
+            if not path.is_file():
+                continue  # the store's commit names it
+            size = path.stat().st_size
+            if size < entry["bytes"]:
+                problems.append(f"{name} holds {size} of its {entry['bytes']} bytes")
+                continue
+            digest = uploads.digest(path) if size == entry["bytes"] else None
+            if size == entry["bytes"] and (digest or sha256_file(path)) == entry["sha256"]:
+                verified[name] = entry["sha256"]
+                continue
+            uploads.discard(path)
+            problems.append(f"{name} does not match its sha256 and was dropped")
+        if problems:
+            raise CorruptError(f"{policy} v{version}: {'; '.join(problems)}; upload again")
+        return verified
+
+    def drop_passed_over(policy: str, version: int) -> None:
+        """Remove upload directories of versions up to ``version``: no commit of them can
+        succeed any more (versions only grow), and a 1 GB partial file must not stay."""
+        with contextlib.suppress(OSError):
+            for directory in (store.root / policy).iterdir():
+                match = _UPLOAD_DIR.match(directory.name)
+                if match and int(match.group(1)) <= version:
+                    with uploads.locked(directory):
+                        shutil.rmtree(directory, ignore_errors=True)
+                    uploads.forget(directory)
 
     @router.post("/{policy}/{version}/commit", status_code=201)
     async def commit(policy: str, version: int, request: Request) -> dict[str, Any]:
@@ -138,13 +252,23 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
             raise HTTPException(404, f"no files uploaded for {policy} v{version}; PUT them first")
 
         def finish() -> dict[str, Any]:
-            (directory / MANIFEST).write_bytes(body)
-            return store.commit(policy, version, directory)
+            with uploads.locked(directory):
+                verified = verify(directory, policy, version, body)
+                (directory / MANIFEST).write_bytes(body)
+                result: dict[str, Any] = store.commit(policy, version, directory,
+                                                      verified=verified)
+            uploads.forget(directory)
+            drop_passed_over(policy, version)
+            return result
+        def refused() -> None:
+            with uploads.locked(directory):
+                shutil.rmtree(directory, ignore_errors=True)
+            uploads.forget(directory)
         try:
             result = await run_in_threadpool(guarded, finish)
         except HTTPException as exc:
-            if exc.status_code == 409:
-                shutil.rmtree(directory, ignore_errors=True)
+            if exc.status_code == 409:  # not newer, or deltas only from nothing held
+                await run_in_threadpool(refused)
             raise
         if on_publish is not None:
             on_publish(policy, version)

@@ -273,14 +273,22 @@ class WeightStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def commit(self, policy: str, version: int, staging: Path) -> dict[str, Any]:
-        """Verify a staged version (manifest, sha256 of every file) and make it visible."""
+    def commit(self, policy: str, version: int, staging: Path, *,
+               verified: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Verify a staged version (manifest, sha256 of every file) and make it visible.
+
+        ``verified`` maps a file's name to the sha256 the caller computed over exactly
+        the bytes staged (the data layer, as the file's chunks arrived); those files are
+        not read again.
+        """
         manifest = parse_manifest((staging / MANIFEST).read_bytes(), policy, version)
+        verified = verified or {}
         for name, entry in manifest["files"].items():
             path = staging / name
             if not path.is_file():
                 raise CorruptError(f"{policy} v{version}: {name} listed but not uploaded")
-            if path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            if path.stat().st_size != entry["bytes"] or (
+                    verified.get(name) or sha256_file(path)) != entry["sha256"]:
                 raise CorruptError(f"{policy} v{version}: {name} does not match its sha256")
         with self._policy_lock(policy) as directory:
             latest = self.latest(policy)
