@@ -12,7 +12,7 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI
 
-from astraflow.security import bearer_auth
+from astraflow.security import BodySizeLimit, bearer_auth
 from astraflow.weights.http import weights_router
 from astraflow.weights.safetensors_io import Tensor, bf16_from_float32
 from astraflow.weights.store import WeightStore
@@ -49,18 +49,56 @@ def same(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
 
 
 class CutOnce:
-    """ASGI wrapper recording responses; cuts the next matching download after N bytes."""
+    """ASGI wrapper recording responses; cuts the next matching download after N bytes.
+
+    It also records each request's method, path, status and body bytes received
+    (``requests``), flips a byte of the body of the next ``corrupt[(method, suffix)]``
+    matching requests, and answers 503 to matching requests once
+    ``refuse_after[(method, suffix)]`` of them went through (a data layer going away).
+    """
 
     def __init__(self, app) -> None:
         self.app = app
         self.cut: dict[str, int] = {}
         self.log: list[tuple[str, int, int]] = []  # (path, status, body bytes sent)
+        self.requests: list[tuple[str, str, int, int]] = []  # (method, path, status, received)
+        self.corrupt: dict[tuple[str, str], int] = {}
+        self.refuse_after: dict[tuple[str, str], int] = {}
+
+    def _matching(self, table: dict[tuple[str, str], int], method: str, path: str):
+        return next((k for k in table if k[0] == method and path.endswith(k[1])), None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path, status, sent = scope["path"], 0, 0
+        path, status, sent, received = scope["path"], 0, 0, 0
+        method = scope["method"]
         limit = next((self.cut.pop(k) for k in list(self.cut) if path.endswith(k)), None)
+        refuse = self._matching(self.refuse_after, method, path)
+        if refuse is not None:
+            if self.refuse_after[refuse] <= 0:
+                self.requests.append((method, path, 503, 0))
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return None
+            self.refuse_after[refuse] -= 1
+        damage = self._matching(self.corrupt, method, path)
+        if damage is not None:
+            self.corrupt[damage] -= 1
+            if self.corrupt[damage] <= 0:
+                del self.corrupt[damage]
+
+        async def counting_receive():
+            nonlocal received, damage
+            message = await receive()
+            if message["type"] == "http.request":
+                body = message.get("body", b"")
+                received += len(body)
+                if damage is not None and body:
+                    body = bytes([body[0] ^ 0xFF]) + body[1:]
+                    message = {**message, "body": body}
+                    damage = None
+            return message
 
         async def counting_send(message):
             nonlocal status, sent
@@ -76,9 +114,14 @@ class CutOnce:
             await send(message)
 
         try:
-            await self.app(scope, receive, counting_send)
+            await self.app(scope, counting_receive, counting_send)
         finally:
             self.log.append((path, status, sent))
+            self.requests.append((method, path, status, received))
+
+    def received(self, method: str, suffix: str) -> int:
+        """Body bytes the server received in ``method`` requests to paths ending so."""
+        return sum(n for m, p, _, n in self.requests if m == method and p.endswith(suffix))
 
 
 @dataclass
@@ -96,14 +139,18 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serving(store: WeightStore, port: int | None = None) -> Iterator[Server]:
-    """The weight routes over ``store`` on a real uvicorn server on 127.0.0.1."""
+def serving(store: WeightStore, port: int | None = None, *, max_body_bytes: int | None = None,
+            max_upload_bytes: int = 1 << 20) -> Iterator[Server]:
+    """The weight routes over ``store`` on a real uvicorn server on 127.0.0.1; with
+    ``max_body_bytes``, behind the data layer's request size limit."""
     published: list[tuple[str, int]] = []
     app = FastAPI()
     app.include_router(weights_router(store, bearer_auth(TOKEN),
                                       on_publish=lambda p, v: published.append((p, v)),
-                                      max_upload_bytes=1 << 20))
-    wrapper = CutOnce(app)
+                                      max_upload_bytes=max_upload_bytes,
+                                      max_body_bytes=max_body_bytes))
+    limited = app if max_body_bytes is None else BodySizeLimit(app, max_body_bytes)
+    wrapper = CutOnce(limited)
     port = port or _free_port()
     uv = uvicorn.Server(uvicorn.Config(wrapper, host="127.0.0.1", port=port, log_level="error",
                                        lifespan="off"))

@@ -15,6 +15,7 @@ then answers nothing new until a later version is published.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from astraflow.weights import safetensors_io as st
 from astraflow.weights._fs import atomic_file, fsync_dir, sha256_file
 from astraflow.weights.errors import CorruptError, VersionError, WeightsError
 from astraflow.weights.store import MANIFEST, MODEL_FILE, FileRef, check_policy
+from astraflow.weights.upload import CHUNK_BYTES
 
 log = logging.getLogger("astraflow.weights")
 _CHUNK = 1 << 20
@@ -40,6 +42,10 @@ _CHUNK = 1 << 20
 _VERIFY_ATTEMPTS = 2
 #: files of one plan fetched at once (each on its own pooled connection)
 _PARALLEL = 4
+#: refusals of a chunk in a row (damaged, out of place, too big) before an upload gives up
+_CHUNK_REFUSALS = 8
+#: the smallest chunk a publisher falls back to when a proxy refuses bigger ones (413)
+_MIN_CHUNK = 64 << 10
 
 
 class Synced(NamedTuple):
@@ -75,8 +81,9 @@ class _Http:
             attempt += 1
 
     def request(self, method: str, url: str, body: Path | None = None,
-                **kwargs: Any) -> httpx.Response:
-        """One request, retried; ``body`` is a file streamed afresh on every attempt."""
+                accept: tuple[int, ...] = (), **kwargs: Any) -> httpx.Response:
+        """One request, retried; ``body`` is a file streamed afresh on every attempt. A
+        4xx raises, but those in ``accept``, which are returned."""
         error: Exception | None = None
         for _ in self.retrying():
             try:
@@ -89,6 +96,8 @@ class _Http:
             except httpx.TransportError as exc:
                 error = exc
                 continue
+            if response.status_code in accept:
+                return response
             if response.status_code < 500:
                 return _checked(response)
             error = WeightsError(f"{method} {url}: {response.status_code} {response.text}")
@@ -300,32 +309,99 @@ class WeightClient:
 
 
 class HttpPublishTarget:
-    """A trainer's upload path to the data layer: PUT each file, then commit the manifest.
+    """A trainer's upload path to the data layer: each file in chunks, then the manifest.
+
+    A file goes in chunks of at most :data:`~astraflow.weights.upload.CHUNK_BYTES`, or
+    the smaller size the data layer states (its request size limit), read from disk one
+    at a time. Each upload starts by asking how many bytes of that file (by its sha256)
+    the data layer holds, so a publish cut off -- this trainer killed and publishing the
+    same version again, or the data layer restarted -- sends only the rest. A chunk the
+    data layer finds damaged is sent again; a commit that finds a whole file damaged
+    drops it, and the file is sent again once. A data layer without chunked uploads gets
+    each file in one ``PUT``, as before.
 
     Transport errors and 5xx are retried for ``retry_for`` seconds, as the trainer's data
     client does, so a publish rides through a data layer's restart (every call is
     idempotent, the commit included) instead of failing the trainer."""
 
     def __init__(self, base_url: str, token: str, *, retries: int = 5,
-                 timeout: float = 300.0, retry_for: float = 300.0) -> None:
+                 timeout: float = 300.0, retry_for: float = 300.0,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self.http = _Http(base_url, token, retries=retries, timeout=timeout,
                           retry_for=retry_for)
+        #: the largest chunk this publisher sends (the data layer may ask for less)
+        self.chunk_bytes = chunk_bytes
 
     def staging(self, policy: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"astraflow-{check_policy(policy)}-"))
 
     def commit(self, policy: str, version: int, staging: Path) -> dict[str, Any]:
         manifest = json.loads((staging / MANIFEST).read_bytes())
-        for name, entry in manifest["files"].items():
+        url = f"/v1/weights/{policy}/{version}/commit"
+        for attempt in range(2):
+            for name, entry in manifest["files"].items():
+                self.upload(policy, version, staging / name, entry["sha256"])
+            response = self.http.request("POST", url, accept=(422,),
+                                         content=(staging / MANIFEST).read_bytes())
+            if response.status_code != 422 or attempt:
+                return _checked(response).json()
+            log.warning("weights: committing %s v%s: %s; uploading again", policy, version,
+                        _detail(response))
+        raise AssertionError("unreachable")
+
+    def upload(self, policy: str, version: int, path: Path, sha256: str) -> int:
+        """Send the file ``path`` (whose sha256 is ``sha256``) as ``path.name`` of
+        ``version``, from where the data layer's copy ends; returns the bytes sent."""
+        name = path.name
+        url = f"/v1/weights/{policy}/{version}/uploads/{name}"
+        try:
+            status = self.http.request("GET", url, params={"sha256": sha256}).json()
+        except _Gone:  # a data layer from before chunked uploads
             self.http.request("PUT", f"/v1/weights/{policy}/{version}/files/{name}",
-                              body=staging / name, params={"sha256": entry["sha256"]})
-        return self.http.request("POST", f"/v1/weights/{policy}/{version}/commit",
-                                 content=(staging / MANIFEST).read_bytes()).json()
+                              body=path, params={"sha256": sha256})
+            return path.stat().st_size
+        size = path.stat().st_size
+        chunk = max(1, min(self.chunk_bytes, int(status["max_chunk_bytes"])))
+        held, sent, refusals = min(int(status["bytes"]), size), 0, 0
+        done = size > 0  # an empty file is one empty chunk
+        with open(path, "rb") as f:
+            while held < size or not done:
+                f.seek(held)
+                data = f.read(chunk)
+                response = self.http.request(
+                    "PATCH", url, accept=(409, 413, 422), content=data,
+                    params={"sha256": sha256, "offset": held,
+                            "chunk_sha256": hashlib.sha256(data).hexdigest()})
+                if response.status_code == 200:
+                    held, sent = int(response.json()["bytes"]), sent + len(data)
+                    refusals, done = 0, True
+                    continue
+                refusals += 1
+                if refusals > _CHUNK_REFUSALS:
+                    raise WeightsError(f"PATCH {url}: {response.status_code} "
+                                       f"{_detail(response)} ({refusals} refusals in a row)")
+                if response.status_code == 409:  # the data layer holds less: resume there
+                    status = self.http.request("GET", url, params={"sha256": sha256}).json()
+                    held = min(int(status["bytes"]), size)
+                elif response.status_code == 413:  # a proxy's limit, smaller than stated
+                    if chunk <= _MIN_CHUNK:
+                        raise WeightsError(f"PATCH {url}: 413 {_detail(response)}")
+                    chunk = max(_MIN_CHUNK, chunk // 2)
+                # 422: the chunk was damaged on the way; the loop sends it again
+        return sent
 
     def close(self) -> None:
         self.http.close()
 
 
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", response.text))
+    except ValueError:
+        return response.text
+
+
 def _chunks(f: BinaryIO) -> Iterator[bytes]:
     while chunk := f.read(_CHUNK):
         yield chunk
+
