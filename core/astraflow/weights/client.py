@@ -31,7 +31,7 @@ import httpx
 
 from astraflow.weights import codec
 from astraflow.weights import safetensors_io as st
-from astraflow.weights._fs import atomic_file, fsync_dir, sha256_file
+from astraflow.weights._fs import atomic_file, fsync_dir
 from astraflow.weights.errors import CorruptError, VersionError, WeightsError
 from astraflow.weights.store import MANIFEST, MODEL_FILE, FileRef, check_policy
 from astraflow.weights.upload import CHUNK_BYTES
@@ -224,7 +224,7 @@ class WeightClient:
             if len(files) == 1 and files[0].base is None:
                 if files[0].sha256 != manifest["model_sha256"]:
                     raise CorruptError("full snapshot digest differs from the manifest's model")
-                shutil.copyfile(paths[0], staging / MODEL_FILE)
+                _place(paths[0], staging / MODEL_FILE)
             else:
                 self._rebuild(current, files, paths, staging / MODEL_FILE, manifest)
             with atomic_file(staging / MANIFEST) as f:
@@ -281,6 +281,7 @@ class WeightClient:
                 offset = 0
             headers = {"Range": f"bytes={offset}-", "If-Range": f'"{ref.sha256}"'} if offset \
                 else {}
+            digest = hashlib.sha256()
             try:
                 with self.http.client.stream("GET", url, headers=headers) as response:
                     if response.status_code >= 500:
@@ -289,14 +290,17 @@ class WeightClient:
                     if response.status_code >= 400:
                         response.read()
                         _checked(response)
-                    mode = "ab" if response.status_code == 206 else "wb"
-                    with open(part, mode) as f:
+                    resumed = response.status_code == 206
+                    if resumed:  # the bytes held, hashed once; the rest as it arrives
+                        _hash_into(digest, part)
+                    with open(part, "ab" if resumed else "wb") as f:
                         for chunk in response.iter_bytes():
                             f.write(chunk)
+                            digest.update(chunk)
             except httpx.TransportError as exc:
                 error = exc
                 continue
-            if part.stat().st_size == ref.bytes and sha256_file(part) == ref.sha256:
+            if part.stat().st_size == ref.bytes and digest.hexdigest() == ref.sha256:
                 os.replace(part, final)
                 return final
             part.unlink(missing_ok=True)
@@ -405,3 +409,17 @@ def _chunks(f: BinaryIO) -> Iterator[bytes]:
     while chunk := f.read(_CHUNK):
         yield chunk
 
+
+def _hash_into(digest: Any, path: Path) -> None:
+    with open(path, "rb") as f:
+        while block := f.read(4 * _CHUNK):
+            digest.update(block)
+
+
+def _place(downloaded: Path, target: Path) -> None:
+    """A verified download as ``target`` without copying its bytes: a hard link (the
+    download stays until the version is in place), else a rename."""
+    try:
+        os.link(downloaded, target)
+    except OSError:
+        os.replace(downloaded, target)
