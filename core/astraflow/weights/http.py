@@ -182,8 +182,7 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
                 raise HTTPException(422, f"{name}: the chunk at offset {offset} ({len(body)} "
                                          f"bytes) has sha256 {got}, expected {chunk_sha256}; "
                                          "send it again")
-            return uploads.write(path.parent, name, sha256, offset, bytes(body),
-                                 max_upload_bytes)
+            return uploads.write(path.parent, name, sha256, offset, body, max_upload_bytes)
         try:
             held = await run_in_threadpool(write)
         except OffsetError as exc:

@@ -98,8 +98,8 @@ class Uploads:
         except (FileNotFoundError, NotADirectoryError):
             return 0
 
-    def write(self, directory: Path, name: str, sha256: str, offset: int, data: bytes,
-              max_bytes: int) -> int:
+    def write(self, directory: Path, name: str, sha256: str, offset: int,
+              data: bytes | bytearray, max_bytes: int) -> int:
         """Put a checked chunk at ``offset`` (at most the bytes held; below it, what
         follows is written again); returns the bytes held after it."""
         path = directory / name
@@ -128,8 +128,8 @@ class Uploads:
             self._advance(path, offset, data, before, after)
             return offset + len(data)
 
-    def _advance(self, path: Path, offset: int, data: bytes, before: tuple[int, int, int],
-                 after: tuple[int, int, int]) -> None:
+    def _advance(self, path: Path, offset: int, data: bytes | bytearray,
+                 before: tuple[int, int, int], after: tuple[int, int, int]) -> None:
         with self._guard:
             running = self._running.pop(path, None)
             if offset == 0:
