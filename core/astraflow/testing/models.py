@@ -328,6 +328,63 @@ def make_chat_model(
     return _build(Path(out_dir), fingerprint, write)
 
 
+#: real models' shapes (Qwen2.5's published configs), for checks at a real model's size:
+#: ``model_vocab`` is the embedding's rows (Qwen pads its 151,665 tokens to 151,936)
+REAL_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2,
+                     "model_vocab": 151936},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "model_vocab": 151936},
+    # the smallest shape whose bf16 snapshot passes the data layer's 64 MiB body limit
+    # (72 MB): 36M parameters, two layers, head_dim 64 for vLLM's CPU kernels
+    "over-64mb": {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+                  "num_attention_heads": 8, "num_key_value_heads": 2, "model_vocab": 64000,
+                  "tie_word_embeddings": False},
+}
+
+
+def make_sized_chat_model(out_dir: str | os.PathLike[str], shape: str = "qwen2.5-0.5b",
+                          seed: int = 0, vocab_size: int = 400) -> str:
+    """A Qwen2 checkpoint of a real model's shape (:data:`REAL_SHAPES`), randomly
+    initialised and saved in bfloat16 as releases are, with the chat fixtures' ChatML BPE
+    tokenizer (``vocab_size`` tokens; the embedding has the shape's ``model_vocab`` rows,
+    as Qwen's has more rows than tokens). It measures the machinery at size, not
+    learning: a random model writes noise until its length limit."""
+    if shape not in REAL_SHAPES:
+        raise ValueError(f"shape={shape!r} is not one of {', '.join(REAL_SHAPES)}")
+    dims = dict(REAL_SHAPES[shape])
+    lines = default_corpus()
+    fingerprint = {"format": _FORMAT, "kind": "sized-chat", "shape": dims, "seed": seed,
+                   "vocab_size": vocab_size, "versions": _versions()}
+
+    def write(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+
+        tokenizer = build_chat_tokenizer(lines, vocab_size)
+        im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT))
+        config = Qwen2Config(
+            hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
+            num_hidden_layers=dims["num_hidden_layers"],
+            num_attention_heads=dims["num_attention_heads"],
+            num_key_value_heads=dims["num_key_value_heads"], vocab_size=dims["model_vocab"],
+            max_position_embeddings=32768, rope_theta=1000000.0,
+            tie_word_embeddings=dims.get("tie_word_embeddings", True),
+            bos_token_id=None, eos_token_id=im_end, pad_token_id=endoftext,
+            dtype="bfloat16")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        model.generation_config = GenerationConfig(
+            bos_token_id=None, eos_token_id=[im_end, endoftext], pad_token_id=endoftext)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp, save_jinja_files=False)
+
+    return _build(Path(out_dir), fingerprint, write)
+
+
 #: the word-level fixture's vocabulary after its specials: whole numbers, operators, words
 WORDS = (
     *(str(n) for n in range(100)),
