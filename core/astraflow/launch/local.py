@@ -425,9 +425,11 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     if cfg.model.path is not None and "tokenizer" in cfg.task and not cfg.task.tokenizer:
         cfg.task.tokenizer = cfg.model.path  # the task source counts prompt tokens with it
     source = preflight.task_source(cfg)
+    prompt_tokens = None
     if cfg.model.path is not None:
-        preflight.check_prompts(cfg, source)
+        prompt_tokens = preflight.check_prompts(cfg, source)
         preflight.check_lora(cfg)
+    preflight.check_memory(cfg, prompt_tokens)
     run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)

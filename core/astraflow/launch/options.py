@@ -42,6 +42,11 @@ class LocalLauncherConfig:
     #: more modules for that parent to import (an agent framework, vllm); one that starts
     #: a thread makes forking unsafe, and components then start fresh
     preload_modules: list[str] = field(default_factory=list)
+    #: estimate the run's peak memory before anything starts (astraflow.launch.memory:
+    #: the checkpoint's safetensors headers, the trainer's settings, the components
+    #: started) and refuse, in one line, a run that cannot fit in this machine's memory
+    #: or its cgroup's limit; false starts it anyway
+    memory_check: bool = True
 
 
 @dataclass
@@ -98,6 +103,10 @@ class RayLauncherConfig:
     dataflow: PlacementConfig = field(default_factory=PlacementConfig)
     #: seconds the data layer may take to be placed and listen
     start_timeout: float = setting(300.0, gt=0)
+    #: with no launcher.address (a cluster of this machine), the local launcher's check
+    #: of the run's peak memory against this machine's (a cluster's machines are not
+    #: known before Ray places the components: not checked)
+    memory_check: bool = True
     autoscale_interval: float = setting(2.0, gt=0)
     autoscale_cooldown: float = setting(20.0, ge=0)
 

@@ -159,15 +159,46 @@ def task_source(cfg: DictConfig) -> Any:
     return source
 
 
-def check_prompts(cfg: DictConfig, source: Any) -> None:
-    """The run's tokenizer loads, declares an end token and renders the first prompts."""
+def check_prompts(cfg: DictConfig, source: Any) -> int:
+    """The run's tokenizer loads, declares an end token and renders the first prompts;
+    the tokens of the longest (what :func:`check_memory` counts a prompt as)."""
     from astraflow.text import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path).configure(cfg.task)
     first = itertools.chain(itertools.islice(source.train_tasks(), _SAMPLE_PROMPTS),
                             source.eval_tasks()[:_SAMPLE_PROMPTS])
+    longest = 0
     for task in first:
         try:
-            tokenizer.encode_prompt(task.prompt)
+            longest = max(longest, len(tokenizer.encode_prompt(task.prompt)))
         except ValueError as exc:
             raise ConfigError(f"task {task.task_id}: {exc}") from exc
+    return longest
+
+
+def check_memory(cfg: DictConfig, prompt_tokens: int | None = None,
+                 machine: tuple[int, str] | None = None) -> Any:
+    """The run's estimated peak memory (:func:`astraflow.launch.memory.estimate`: headers
+    of the checkpoint, no weights read) against this machine's or its cgroup's: a run
+    that cannot fit is refused in one line naming the estimate, the memory there is,
+    the biggest component and what lowers it. The estimate, or None when not checked
+    (``launcher.memory_check=false``; a Ray cluster the launcher joins, whose machines
+    are not known yet). ``machine``: its memory and what sets it
+    (:func:`~astraflow.launch.memory.machine_memory`)."""
+    from astraflow.launch import memory
+
+    launcher = cfg.get("launcher") or {}
+    if not launcher.get("memory_check", True) or launcher.get("address"):
+        return None
+    have, where = machine or memory.machine_memory()
+    if not have:
+        return None
+    est = memory.estimate(cfg, prompt_tokens=prompt_tokens, machine=have)
+    if est.bytes <= have:
+        return est
+    has = ("this machine has" if where == "this machine" else f"{where} allows")
+    advice = est.biggest().advice
+    raise ConfigError(f"this run needs about {memory.gib(est.bytes)} at its peak "
+                      f"({est.said()}) but {has} {memory.gib(have)}; "
+                      + (f"{advice}, " if advice else "")
+                      + "or set launcher.memory_check=false to start it anyway")
