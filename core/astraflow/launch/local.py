@@ -28,6 +28,7 @@ from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
 from astraflow.launch import preload
 from astraflow.launch.lifecycle import READY_ENV
+from astraflow.launch.oom import MemoryWatch, reap
 from astraflow.launch.preload import ForkedProcess
 from astraflow.launch.report import write_report
 from astraflow.loggers.base import Loggers, check_loggers
@@ -87,6 +88,8 @@ class LocalRun:
     _listener: socket.socket | None = None
     #: the parent components are forked from (``launcher.preload``), if any
     preloader: preload.Preloader | None = None
+    #: each component's peak memory, and the count of the kernel's OOM kills
+    memory: MemoryWatch = field(default_factory=MemoryWatch)
 
     def get(self, route: str) -> dict[str, Any]:
         """``GET route`` of the data layer as JSON ({} when it does not answer), on one
@@ -119,6 +122,7 @@ class LocalRun:
                                         stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, pass_fds=pass_fds)
         previous = self.children.get(name)
+        self.memory.started(name)
         child = Child(name, args, proc, log, previous.restarts if previous else 0,
                       previous.restarted_at if previous else [])
         self.children[name] = child
@@ -263,10 +267,22 @@ class LocalRun:
         if self.preloader is not None:  # a subreaper adopts orphans it must reap
             preload.reap_orphans({c.proc.pid for c in self.children.values()}
                                  | self.preloader.known())
+        memory = self.memory
+        memory.tick()
         for child in list(self.children.values()):
-            code = child.proc.poll()
-            if code is None or child.retired or child.finished():
+            code, peak = reap(child.proc)
+            if code is None:
+                memory.sample(child.name, child.proc.pid)
                 continue
+            memory.exited(child.name, peak)
+            if child.retired or child.finished():
+                continue
+            death = memory.death(child.name, code, memory.peaks.get(child.name, 0))
+            if death is not None:  # restarted, it would grow into the same death
+                self.event(event="oom_kill", component=child.name, exit_code=code,
+                           verdict=death.verdict, peak_bytes=death.peak,
+                           limit_bytes=death.limit, evidence=death.evidence)
+                raise RuntimeError(death.said(child.name, child.log))
             if not child.worked():
                 raise RuntimeError(f"{child.name} exited with {code} before it started "
                                    f"working, so it is not restarted; the end of {child.log}:"
@@ -284,7 +300,7 @@ class LocalRun:
                   f"({len(child.restarted_at)} of {limit} within {window:g} s)",
                   file=sys.stderr)
             self.event(event="restart", component=child.name, exit_code=code,
-                       restart=child.restarts)
+                       restart=child.restarts, peak_bytes=memory.peaks.get(child.name, 0))
             if child.name == "dataflow":
                 self.start_dataflow()
                 self.wait_dataflow()
@@ -328,6 +344,8 @@ class LocalRun:
         if names is None and self.preloader is not None:
             self.preloader.close()
             self.preloader = None
+        if names is None and self.memory.highest:  # what each component took at its peak
+            self.event(event="peak_memory", peaks=dict(self.memory.highest))
 
 
 @dataclass

@@ -90,6 +90,13 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def available(limit: int, where: str) -> str:
+    """``this machine has 23.5 GiB``, ``its cgroup (memory.max of PATH) allows 4.0 GiB``:
+    :func:`machine_memory`'s answer in words."""
+    return (f"this machine has {gib(limit)}" if where == "this machine"
+            else f"{where} allows {gib(limit)}")
+
+
 def count(n: int) -> str:
     """``494M``, ``1.54B``, ``860K``."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):

@@ -196,9 +196,8 @@ def check_memory(cfg: DictConfig, prompt_tokens: int | None = None,
     est = memory.estimate(cfg, prompt_tokens=prompt_tokens, machine=have)
     if est.bytes <= have:
         return est
-    has = ("this machine has" if where == "this machine" else f"{where} allows")
     advice = est.biggest().advice
     raise ConfigError(f"this run needs about {memory.gib(est.bytes)} at its peak "
-                      f"({est.said()}) but {has} {memory.gib(have)}; "
+                      f"({est.said()}) but {memory.available(have, where)}; "
                       + (f"{advice}, " if advice else "")
                       + "or set launcher.memory_check=false to start it anyway")

@@ -1,6 +1,7 @@
 """The run's memory estimate (astraflow.launch.memory) from safetensors headers and the
-run's settings, the machine's memory from /proc and cgroups, and pre-flight's refusal of
-a run that cannot fit, with files the tests write standing for /proc and /sys."""
+run's settings, the machine's memory from /proc and cgroups, pre-flight's refusal of a
+run that cannot fit, and the launcher's verdict on a component killed by SIGKILL
+(astraflow.launch.oom), with files the tests write standing for /proc and /sys."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from typing import Any
 import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
+from sized_checkpoints import QWEN_1_5B, header_only_checkpoint
 
 from astraflow.components import resolve_policies
 from astraflow.config import compose_config
 from astraflow.errors import ConfigError
-from astraflow.launch import memory
+from astraflow.launch import memory, oom
 from astraflow.launch.memory import GIB, Checkpoint
 from astraflow.launch.preflight import check_memory
 from astraflow.weights import safetensors_io
 
 #: Qwen2.5-1.5B's published shape
-HIDDEN, INTER, LAYERS, VOCAB, KV = 1536, 8960, 28, 151936, 256
+HIDDEN, INTER, LAYERS, VOCAB = (QWEN_1_5B[k] for k in ("hidden_size", "intermediate_size",
+                                                       "num_hidden_layers", "vocab_size"))
 
 
 def run_config(*overrides: str) -> DictConfig:
@@ -35,45 +38,9 @@ def run_config(*overrides: str) -> DictConfig:
     return cfg
 
 
-def huge_checkpoint(out: Path) -> Path:
-    """A Qwen2.5-1.5B-shaped checkpoint that is only its header: each tensor declares its
-    full bf16 shape and offsets, and the file is cut (sparse) at the size the header
-    claims -- 1.54B parameters, 3.1 GB, none of it written."""
-    out.mkdir()
-    shapes: dict[str, list[int]] = {"model.embed_tokens.weight": [VOCAB, HIDDEN],
-                                    "model.norm.weight": [HIDDEN]}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": [HIDDEN, HIDDEN],
-                   p + "self_attn.q_proj.bias": [HIDDEN],
-                   p + "self_attn.k_proj.weight": [KV, HIDDEN], p + "self_attn.k_proj.bias": [KV],
-                   p + "self_attn.v_proj.weight": [KV, HIDDEN], p + "self_attn.v_proj.bias": [KV],
-                   p + "self_attn.o_proj.weight": [HIDDEN, HIDDEN],
-                   p + "mlp.gate_proj.weight": [INTER, HIDDEN],
-                   p + "mlp.up_proj.weight": [INTER, HIDDEN],
-                   p + "mlp.down_proj.weight": [HIDDEN, INTER],
-                   p + "input_layernorm.weight": [HIDDEN],
-                   p + "post_attention_layernorm.weight": [HIDDEN]}
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) * 2
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    path = out / "model.safetensors"
-    with path.open("wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        fh.truncate(8 + len(raw) + offset)
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": HIDDEN, "intermediate_size": INTER,
-        "num_hidden_layers": LAYERS, "num_attention_heads": 12, "num_key_value_heads": 2,
-        "vocab_size": VOCAB, "max_position_embeddings": 32768, "tie_word_embeddings": True}))
-    return out
-
-
 @pytest.fixture
 def huge(tmp_path: Path) -> str:
-    return str(huge_checkpoint(tmp_path / "huge"))
+    return str(header_only_checkpoint(tmp_path / "huge"))
 
 
 def small_checkpoint(out: Path) -> Path:
@@ -269,6 +236,69 @@ def test_the_memory_cgroup_is_found_from_proc(tmp_path: Path) -> None:
     # the unified hierarchy has no memory controller here: cgroup v1's memory
     assert found == memory.MemoryCgroup(sys_cg / "memory" / "jobs" / "j1", sys_cg / "memory", 1)
     assert found.events.name == "memory.oom_control"
+
+
+# -- the launcher's verdict on a SIGKILL -------------------------------------------------
+
+def watch(tmp_path: Path, count: int | None, limit: int = 8 * GIB) -> tuple[oom.MemoryWatch, Path]:
+    events = tmp_path / "memory.events"
+    if count is not None:
+        events.write_text(f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {count}\n")
+    found = oom.OomCount(events, "cgroup") if count is not None else None
+    return oom.MemoryWatch(count=found, limit=(limit, "this machine")), events
+
+
+def test_a_sigkill_while_the_oom_kill_count_rose_is_the_oom_killer(tmp_path: Path) -> None:
+    memory_watch, events = watch(tmp_path, 0)
+    memory_watch.tick()
+    events.write_text("oom 1\noom_kill 1\n")
+    death = memory_watch.death("trainer-policy", -9, int(7.5 * GIB))
+    assert death is not None and death.verdict == "oom"
+    assert "oom_kill 0 -> 1" in death.evidence
+    line = death.said("trainer-policy", Path("/run/logs/trainer-policy.log"))
+    assert "\n" not in line
+    assert line.startswith("trainer-policy was killed by the kernel's OOM killer at a peak "
+                           "of 7.5 GiB (this machine has 8.0 GiB); it is not restarted")
+    assert "trainer.micro_batch_size" in line and "/run/logs/trainer-policy.log" in line
+    # one kill explains one death: a second SIGKILL in the same window is a plain one
+    assert memory_watch.death("raas-0", -9, GIB) is None
+
+
+def test_a_sigkill_with_the_count_unchanged_or_another_exit_is_no_oom(tmp_path: Path) -> None:
+    memory_watch, events = watch(tmp_path, 5)
+    memory_watch.tick()
+    assert memory_watch.death("raas-0", -9, 7 * GIB) is None
+    events.write_text("oom_kill 6\n")
+    assert memory_watch.death("raas-0", 1, 7 * GIB) is None  # it exited, not killed
+
+
+def test_without_a_count_a_sigkill_of_a_component_that_held_half_is_likely_oom(
+        tmp_path: Path) -> None:
+    memory_watch, _ = watch(tmp_path, None)
+    assert memory_watch.death("raas-0", -9, GIB) is None
+    death = memory_watch.death("trainer-policy", -9, 5 * GIB)
+    assert death is not None and death.verdict == "likely"
+    assert death.said("trainer-policy", Path("t.log")).startswith(
+        "trainer-policy was killed by SIGKILL (likely the kernel's OOM killer: peak 5.0 GiB; "
+        "this machine has 8.0 GiB)")
+
+
+def test_the_count_is_read_from_a_cgroup_or_the_machine(tmp_path: Path) -> None:
+    (tmp_path / "oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
+    assert oom.OomCount(tmp_path / "oom_control", "cgroup").read() == 7
+    assert oom.OomCount(tmp_path / "missing", "cgroup").read() is None
+    found = oom.OomCount.find()  # this machine's: some count is always readable on Linux
+    assert found is not None and found.read() is not None
+
+
+def test_peaks_are_kept_per_life_and_overall() -> None:
+    memory_watch = oom.MemoryWatch(count=None, limit=(8 * GIB, "this machine"))
+    memory_watch.started("raas-0")
+    memory_watch.exited("raas-0", 3 * GIB)
+    memory_watch.started("raas-0")  # restarted
+    memory_watch.exited("raas-0", GIB)
+    assert memory_watch.peaks["raas-0"] == GIB
+    assert memory_watch.highest["raas-0"] == 3 * GIB
 
 
 def test_the_tiny_checkpoint_estimate_needs_no_file() -> None:
