@@ -89,6 +89,17 @@ def reap(proc: Any) -> tuple[int | None, int]:
     return proc.returncode, usage.ru_maxrss * 1024
 
 
+def reap_blocking(proc: Any) -> tuple[int, int]:
+    """Wait for ``proc`` (a :class:`subprocess.Popen`) to exit: its exit code and its peak
+    resident bytes (0 when something else reaped it first)."""
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:
+        return proc.wait(), 0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss * 1024
+
+
 @dataclass
 class OomCount:
     """The kernel's count of OOM kills in a file (``oom_kill N`` lines): the launcher's

@@ -398,6 +398,11 @@ class RayRun(LocalRun):
             if child.finished():
                 continue
             self.collect()  # the log's end, for the message
+            if proc.oom is not None:  # restarted, it would grow into the same death
+                self.event(event="oom_kill", component=child.name, exit_code=code,
+                           verdict=proc.oom.verdict, peak_bytes=proc.oom.peak,
+                           limit_bytes=proc.oom.limit, evidence=proc.oom.evidence)
+                raise RuntimeError(proc.oom.said(child.name, child.log))
             if proc.gone is not None:
                 raise RuntimeError(f"{child.name} died and Ray did not start it again "
                                    f"(launcher.max_restarts={limit}): {proc.gone}; the end "

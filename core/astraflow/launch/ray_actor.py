@@ -42,22 +42,48 @@ def component_actor(ray: Any) -> Any:
             # the component ends with this actor (SIGTERM on its death, however it dies)
             env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid()), READY_ENV: self.ready}
             argv = [a.replace(WORK, self.work) for a in argv]
+            from astraflow.launch.oom import MemoryWatch
+
+            self.name = name
+            #: the component's exit code, once the watch reaped it; why it died, when
+            #: the kernel's OOM killer killed it (:class:`astraflow.launch.oom.Death`)
+            self.code: int | None = None
+            self.oom: Any = None
+            #: its peak memory and the machine's count of OOM kills
+            self.memory = MemoryWatch()
             with open(os.path.join(self.work, f"{name}.log"), "ab") as fh:
                 self.proc = subprocess.Popen([sys.executable, "-m", "astraflow", *argv],
                                              stdout=fh, stderr=subprocess.STDOUT, env=env,
                                              cwd=self.work, start_new_session=True)
+            self.memory.started(name)
+            threading.Thread(target=self._sample, daemon=True).start()
             threading.Thread(target=self._watch, daemon=True).start()
 
+        def _sample(self) -> None:
+            """The component's memory and the count of OOM kills, twice a second."""
+            while self.code is None:
+                self.memory.tick()
+                self.memory.sample(self.name, self.proc.pid)
+                time.sleep(0.5)
+
         def _watch(self) -> None:
-            code = self.proc.wait()
+            from astraflow.launch.oom import reap_blocking
+
+            code, peak = reap_blocking(self.proc)
+            self.memory.exited(self.name, peak)
             if code != 0 and self.worked() and not self.stopping:
+                self.oom = self.memory.death(self.name, code, self.memory.peaks[self.name])
+            if code != 0 and self.worked() and not self.stopping and self.oom is None:
                 os._exit(1)  # Ray restarts this actor, and so the component
+            # else the launcher reads the exit (poll); killed by the OOM killer, the
+            # component would die the same way restarted, and the launcher stops the run
+            self.code = code
 
         def worked(self) -> bool:
             return os.path.exists(self.ready)
 
-        def poll(self) -> tuple[int | None, int, bool]:
-            return self.proc.poll(), self.proc.pid, self.worked()
+        def poll(self) -> tuple[int | None, int, bool, Any]:
+            return self.code, self.proc.pid, self.worked(), self.oom
 
         def read(self, path: str, offset: int) -> tuple[bytes, int]:
             """Up to ``_CHUNK`` bytes of a file under the working directory from
@@ -92,7 +118,7 @@ def component_actor(ray: Any) -> Any:
 
         def terminate(self) -> None:
             self.stopping = True
-            if self.proc.poll() is None:
+            if self.code is None:
                 self.proc.terminate()
 
     return Component
@@ -107,6 +133,8 @@ class RayProc:
         self.pid: int | None = None  # None until the actor first answers: not placed yet
         self.restarted = 0  # times Ray restarted it, as seen by the launcher
         self.gone: str | None = None  # why the actor is dead for good
+        #: why the component died, when the kernel's OOM killer killed it
+        self.oom: Any = None
         self.worked = False  # the component got to work (its last start, as last seen)
         self.spawned = time.time()
         #: since when the actor has not answered (a poll pending or refused), else None
@@ -127,7 +155,7 @@ class RayProc:
             return None
         answer, self.asked = self.asked, None
         try:
-            code, pid, self.worked = ray.get(answer)
+            code, pid, self.worked, self.oom = ray.get(answer)
         except ray.exceptions.ActorUnavailableError:
             return None  # being restarted
         except ray.exceptions.RayActorError as exc:

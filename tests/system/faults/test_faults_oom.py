@@ -137,3 +137,51 @@ def test_an_oom_killed_node_is_said_once_and_not_restarted(tmp_path, tiny_model_
     assert not [e for e in events if e["event"] == "restart"]
     assert len(runs.starts(run_dir, "raas-0")) == 1
     assert not runs.pids_of(f"--work-dir {run_dir} ")  # everything else was stopped
+
+
+class _NoRay:
+    """``ray.remote`` as the identity: the component actor's class, run in this process."""
+
+    @staticmethod
+    def remote(cls: type) -> type:
+        return cls
+
+
+@pytest.mark.parametrize("oom_killed", [True, False])
+def test_a_ray_actor_keeps_an_oom_killed_component_down(tmp_path, monkeypatch, oom_killed):
+    """launcher=ray: the actor that owns a component, without a cluster. A component
+    killed after it got to work makes the actor exit, and Ray restart both -- unless
+    the OOM killer killed it: then the actor stays, and its poll tells the launcher why,
+    which stops the run (RayRun.supervise). The kill here is a SIGKILL, and the OOM
+    count one the test writes (not the kernel's) standing for the machine's."""
+    from astraflow.launch.oom import OomCount
+    from astraflow.launch.ray_actor import component_actor
+
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)  # the actor's exit, which Ray sees
+    count = tmp_path / "vmstat"
+    count.write_text("oom_kill 0\n")
+    actor = component_actor(_NoRay)("dataflow", ["dataflow", "--store", "{work}/store"],
+                                    {}, str(tmp_path / "work"), "{}\n")
+    actor.memory.count = OomCount(count, "machine")
+    actor.memory.history.clear()
+    try:
+        runs.wait_for(lambda: (tmp_path / "work" / "dataflow" / "store" / "url").exists(),
+                      60, "the data layer listening")
+        Path(actor.ready).touch()  # it got to work
+        if oom_killed:
+            count.write_text("oom_kill 1000000\n")
+        os.kill(actor.proc.pid, signal.SIGKILL)
+        code, _pid, worked, oom = runs.wait_for(
+            lambda: (answer := actor.poll())[0] is not None and answer, 30, "its death")
+    finally:
+        if actor.proc.poll() is None:
+            actor.proc.kill()
+    assert (code, worked) == (-9, True)
+    if oom_killed:
+        assert exits == [] and oom.verdict == "oom"
+        assert oom.said("dataflow", Path("dataflow.log")).startswith(
+            "dataflow was killed by the kernel's OOM killer at a peak of ")
+    else:
+        runs.wait_for(lambda: exits, 10, "the actor's exit")
+        assert exits == [1] and oom is None
