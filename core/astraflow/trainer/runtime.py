@@ -81,7 +81,10 @@ class TrainerRuntime:
         from astraflow.weights.safetensors_io import from_torch
 
         weights = self.call("export_weights") if weights is None else weights
-        publisher.publish(version, {name: from_torch(t) for name, t in weights.items()})
+        # the snapshot is this publish's alone: its bits are shared, not copied, and the
+        # publisher keeps them as the next delta's base
+        publisher.publish(version, {name: from_torch(t, copy=False)
+                                    for name, t in weights.items()}, owned=True)
 
     def _save(self, batch_id: str) -> None:
         tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
@@ -244,9 +247,11 @@ class TrainerRuntime:
                 self.version += 1
                 self.step += 1
                 t_trained = time.time()
-                weights = self.call("export_weights")  # a snapshot: the next step may start
                 if behind is not None:
-                    behind.wait()  # one step's publish at a time, in order
+                    # one step's publish at a time, in order; waited for before the
+                    # snapshot, so at most two are held (the last published, this one)
+                    behind.wait()
+                weights = self.call("export_weights")  # a snapshot: the next step may start
                 t_saved = time.time()
                 if (time.monotonic() - self.saved_at >= self.cfg.checkpoint_interval
                         or self.step >= steps):

@@ -65,8 +65,12 @@ class WeightPublisher:
         #: how many versions were encoded as deltas (tried, worth it or not)
         self.deltas_tried = 0
 
-    def publish(self, version: int, tensors: Mapping[str, st.Tensor]) -> dict[str, Any]:
-        """Publish ``tensors`` as ``version``; returns the manifest the store accepted."""
+    def publish(self, version: int, tensors: Mapping[str, st.Tensor], *,
+                owned: bool = False) -> dict[str, Any]:
+        """Publish ``tensors`` as ``version``; returns the manifest the store accepted.
+
+        ``owned``: the caller never changes ``tensors`` again, so they are kept as the
+        next delta's base as they are instead of copied (a model's size less held)."""
         blobs = None
         tried = self._previous is not None and self._skip == 0
         self._skip = max(0, self._skip - 1)
@@ -92,8 +96,9 @@ class WeightPublisher:
             manifest = self.target.commit(self.policy, version, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self._previous = {name: st.Tensor(t.dtype, t.shape, t.data.copy())
-                          for name, t in tensors.items()}
+        self._previous = (dict(tensors) if owned else
+                          {name: st.Tensor(t.dtype, t.shape, t.data.copy())
+                           for name, t in tensors.items()})
         self._previous_version = version
         self._since_full = 0 if full else self._since_full + 1
         return manifest

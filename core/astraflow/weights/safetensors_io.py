@@ -99,8 +99,11 @@ def bf16_from_float32(values: np.ndarray) -> Tensor:
     return Tensor("BF16", np.shape(values), out)
 
 
-def from_torch(tensor: Any) -> Tensor:
-    """Raw bits of a torch tensor (imports torch only when a trainer calls this)."""
+def from_torch(tensor: Any, copy: bool = True) -> Tensor:
+    """Raw bits of a torch tensor (imports torch only when a trainer calls this).
+
+    ``copy=False`` shares the tensor's memory: for a snapshot nothing writes to again
+    (``export_weights``'s copies), so a 0.5B model's publish holds 1 GB less."""
     import torch
 
     names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -109,7 +112,7 @@ def from_torch(tensor: Any) -> Tensor:
     dtype = names[tensor.dtype]
     view_as = torch.int32 if dtype == "F32" else torch.int16
     raw = tensor.detach().to("cpu").contiguous().view(view_as).numpy().view(RAW_DTYPES[dtype])
-    return Tensor(dtype, tuple(tensor.shape), raw.copy())
+    return Tensor(dtype, tuple(tensor.shape), raw.copy() if copy else raw)
 
 
 @dataclass(frozen=True)

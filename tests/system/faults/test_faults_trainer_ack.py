@@ -269,7 +269,7 @@ def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tin
             def __init__(self, publisher):
                 self.publisher = publisher
 
-            def publish(self, version, tensors):
+            def publish(self, version, tensors, **options):
                 if version == 1:
                     if not trained.wait(timeout=30):
                         raise AssertionError("step 2 did not train while step 1 was "
@@ -277,7 +277,7 @@ def test_a_publish_behind_the_next_step_is_not_counted_in_the_step(tmp_path, tin
                     # a slow upload: longer than any step of the tiny model, so that a
                     # step charged with it could not pass for one that is not
                     time.sleep(SLOW_UPLOAD)
-                return self.publisher.publish(version, tensors)
+                return self.publisher.publish(version, tensors, **options)
 
         class Watched(TrainerRuntime):
             def _build(self):
