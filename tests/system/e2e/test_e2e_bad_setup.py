@@ -261,8 +261,9 @@ def test_a_data_layer_port_out_of_range(tmp_path, tiny_model_dir):
     ("mode=synk", "mode=synk: choose async or sync"),
     ("checkpoint_interval=-1", "checkpoint_interval=-1.0: must be >= 0"),
     ("+launcher.max_restartz=5", "launcher.max_restartz is not a setting; launcher has: "
-     "autoscale_cooldown, autoscale_interval, kind, max_restarts, node_throttle, preload, "
-     "preload_modules, progress, restart_window (did you mean max_restarts?)"),
+     "autoscale_cooldown, autoscale_interval, kind, max_restarts, memory_check, "
+     "node_throttle, preload, preload_modules, progress, restart_window (did you mean "
+     "max_restarts?)"),
     ("+stepz=5", "stepz is not a setting; did you mean steps?"),
     ("launcher.kind=bogus", "launcher.kind=bogus: choose local or ray"),
     ("launcher.node_throttle=[1.0,1.5]", "launcher.node_throttle=[1.0, 1.5]: must be <= 1"),

@@ -58,7 +58,8 @@ def test_option_fields_can_be_overridden():
      "intermediate_size, max_position_embeddings, num_heads, num_layers, path, "
      "warmstart_steps (did you mean hidden_size?)"),
     ("+launcher.max_restartz=5", "launcher.max_restartz is not a setting; launcher has: "
-     "autoscale_cooldown, autoscale_interval, kind, max_restarts, node_throttle, preload, "
+     "autoscale_cooldown, autoscale_interval, kind, max_restarts, memory_check, "
+     "node_throttle, preload, "
      "preload_modules, progress, restart_window (did you mean max_restarts?)"),
 ])
 def test_an_unknown_key_appended_with_plus_names_the_nearest_setting(override, said):
