@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import re
@@ -199,14 +200,25 @@ class HFTrainerBackend(PolicyGradientBackend):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def logits(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        with self._compute():
-            return model(input_ids=tokens, use_cache=False).logits.float()
+    keeps_columns = True
 
-    def prefix_logits(self, model: Any, split: SharedPrefix
+    def logits(self, model: torch.nn.Module, tokens: torch.Tensor,
+               columns: tuple[int, int] | None = None) -> torch.Tensor:
+        with self._compute():
+            if columns is None:
+                return model(input_ids=tokens, use_cache=False).logits.float()
+            kept = torch.arange(*columns, device=tokens.device)
+            return _kept_logits(model, kept, input_ids=tokens, use_cache=False).float()
+
+    def prefix_logits(self, model: Any, split: SharedPrefix, kept: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         with self._compute():
-            prefix = model(input_ids=split.tokens, attention_mask=split.mask, use_cache=True)
+            if kept is None:
+                prefix = model(input_ids=split.tokens, attention_mask=split.mask,
+                               use_cache=True)
+            else:
+                prefix = _kept_logits(model, kept, whole=True, input_ids=split.tokens,
+                                      attention_mask=split.mask, use_cache=True)
             cache = prefix.past_key_values
             cache.batch_select_indices(split.rows)  # each item's group row, with gradient
             suffix = model(input_ids=split.suffix, attention_mask=split.attention_mask(),
@@ -214,17 +226,18 @@ class HFTrainerBackend(PolicyGradientBackend):
                            use_cache=False)
         return prefix.logits, suffix.logits
 
-    def _token_stats(self, model: Any, micro: MicroBatch, entropy: bool = False
+    def _token_stats(self, model: Any, micro: MicroBatch, entropy: bool = False,
+                     trained: bool = False,
                      ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         if micro.prefix is not None and self.shared_prefix and not self._prefix_checked:
             self._prefix_checked = True
             self._check_shared_prefix(model, micro)
         if self.replay is None or micro.routing is None or model is not self.model:
-            return super()._token_stats(model, micro, entropy)
+            return super()._token_stats(model, micro, entropy, trained)
         # routing is per token of the whole sequence: one plain pass, prompts unshared
         with self.replay.routing(micro.routing, replay=self.config.router_replay):
             return super()._token_stats(model, dataclasses.replace(micro, prefix=None),
-                                        entropy)
+                                        entropy, trained)
 
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics = super().train_step(batch)
@@ -305,11 +318,11 @@ class HFTrainerBackend(PolicyGradientBackend):
         model_state, optim_state = get_state_dict(self.model, self.optimizer,
                                                   options=self._state_options())
         model_state = {k: v for k, v in model_state.items() if k not in self.tied}
-        with _single_process_quiet():
-            dcp.save({"model": model_state, "optim": optim_state["state"]},
-                     storage_writer=dcp.HuggingFaceStorageWriter(str(out),
-                                                                 save_distributed=True),
-                     no_dist=not self.sharded)
+        state = {"model": model_state, "optim": optim_state["state"]}
+        if self.sharded or not _save_streaming(state, out):
+            with _single_process_quiet():
+                dcp.save(state, storage_writer=dcp.HuggingFaceStorageWriter(
+                    str(out), save_distributed=True), no_dist=not self.sharded)
         if self.sharded and dist.get_rank() != 0:
             return
         groups = [{k: v for k, v in group.items() if k != "params"}
@@ -401,6 +414,22 @@ class HFTrainerBackend(PolicyGradientBackend):
             base = self.model.get_base_model()
             base.save_pretrained(out, state_dict=merged)
             copy_tokenizer_files(self.model_path, out)
+
+
+def _kept_logits(model: Any, kept: torch.Tensor, whole: bool = False, **inputs: Any) -> Any:
+    """``model``'s logits at the sequence columns ``kept`` alone: ``transformers``'
+    ``logits_to_keep`` where the model takes it, else all of them, then those columns.
+
+    ``whole``: the model's whole output, its logits those columns' (a prefix pass's
+    cache is wanted too); else the logits alone.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+        out = model(**inputs, logits_to_keep=kept)
+    else:
+        out = model(**inputs)
+        out.logits = out.logits[:, kept]
+    return out if whole else out.logits
 
 
 def _lora_targets(model: torch.nn.Module,
@@ -496,6 +525,9 @@ class _WithoutAdapter:
     def __init__(self, model: Any) -> None:
         self.model = model
 
+    def get_base_model(self) -> Any:
+        return self.model.get_base_model()
+
     def __call__(self, **kwargs: Any) -> Any:
         with self.model.disable_adapter():
             return self.model(**kwargs)
@@ -503,6 +535,32 @@ class _WithoutAdapter:
 
 def _jsonable(value: Any) -> Any:
     return sorted(value) if isinstance(value, set | frozenset) else str(value)
+
+
+#: the one file a single process's checkpoint is, named as ``dcp.save`` names it
+CHECKPOINT_FILE = "shard-00001-model-00001-of-00001.safetensors"
+
+
+def _save_streaming(state: dict[str, Any], out: Path) -> bool:
+    """Write one process's checkpoint as ``dcp.save`` would (one safetensors file that
+    ``dcp.HuggingFaceStorageReader`` reads back at any world size), but from the tensors
+    themselves: ``dcp.save`` serialises the whole file in memory first, twice over (at
+    0.5B parameters with fp32 AdamW, 12 GB on top of the 8 GB trained). False, having
+    written nothing, when the state holds what a plain safetensors file cannot (a
+    non-tensor value, a strided view): ``dcp.save`` then writes it."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(state)
+    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() and t.device.type == "cpu"
+               for t in flat.values()):
+        return False
+    tensors = {name: t.detach() for name, t in flat.items()}
+    sharding = {name: {"saved_offsets": [0] * t.dim()} for name, t in tensors.items()}
+    save_file(tensors, str(out / CHECKPOINT_FILE),
+              metadata={"DCP_SHARDING_INFO": json.dumps(sharding), "DCP_VERSION": "1.0",
+                        "format": "pt"})
+    return True
 
 
 @contextlib.contextmanager
