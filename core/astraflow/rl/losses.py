@@ -28,24 +28,58 @@ _M2PO_MAX_EPS_HIGH = 20.0
 #: what ``policy_loss`` does to importance weights above ``cap``: nothing, truncate, mask
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+def token_logprobs(logits: Tensor, tokens: Tensor, start: int = 0) -> Tensor:
     """log p(token_i | tokens_<i) from causal-LM logits; column 0 is 0.0.
 
-    Gathers the target logit and subtracts a logsumexp instead of materialising a
-    full log-softmax: one float32 ``[B, T, V]`` temporary at most.
+    ``logits`` are those of columns ``start`` to ``start + K`` of ``tokens`` (all of
+    them by default): a trainer that computes logits only where tokens are trained
+    (:func:`trained_columns`) gets log-probs there and 0.0 elsewhere. Gathers the target
+    logit and subtracts a logsumexp instead of materialising a full log-softmax: one
+    float32 ``[B, K, V]`` temporary at most.
     """
-    shifted = logits[:, :-1].float()
-    targets = tokens[:, 1:].unsqueeze(-1)
-    logp = shifted.gather(-1, targets).squeeze(-1) - torch.logsumexp(shifted, dim=-1)
-    return torch.nn.functional.pad(logp, (1, 0), value=0.0)
+    width = tokens.shape[1]
+    targets = tokens[:, start + 1 : start + 1 + logits.shape[1]]
+    shifted = logits[:, : targets.shape[1]].float()
+    logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(shifted,
+                                                                                   dim=-1)
+    return torch.nn.functional.pad(logp, (start + 1, width - start - 1 - logp.shape[1]),
+                                   value=0.0)
 
 
 @torch.no_grad()
-def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy of the distribution each token was predicted from; column 0 is 0.0."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return torch.nn.functional.pad(entropy, (1, 0), value=0.0)
+def token_entropy(logits: Tensor, start: int = 0, width: int | None = None) -> Tensor:
+    """Entropy of the distribution each token was predicted from; column 0 is 0.0.
+
+    ``logits``: as :func:`token_logprobs` takes them; ``width``: the tokens' ``T`` (by
+    default, the logits' columns). One row at a time: a ``[K, V]`` temporary at most.
+    """
+    width = logits.shape[1] if width is None else width
+    used = logits[:, : max(0, min(logits.shape[1], width - start - 1))]
+    rows = [entropy(row) for row in used] if used.shape[1] else []
+    out = torch.stack(rows) if rows else logits.new_zeros(logits.shape[0], 0,
+                                                          dtype=torch.float32)
+    return torch.nn.functional.pad(out, (start + 1, width - start - 1 - out.shape[1]),
+                                   value=0.0)
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """The entropy of each distribution over the last dimension, in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def trained_columns(mask: Tensor) -> tuple[int, int] | None:
+    """``(start, stop)``: the logit columns a loss over ``mask``'s tokens reads (column
+    ``j - 1`` predicts token ``j``); None when no token is trained.
+
+    A completion of 8 tokens after a prompt of 200 needs 8 of 208 columns: at a vocabulary
+    of 152k, the other 200 are 120 MB of float32 logits a sequence, and a fifth of the
+    model's multiply-adds (the output layer) for nothing.
+    """
+    trained = mask.bool().any(dim=0).nonzero()
+    if trained.numel() == 0:
+        return None
+    return max(0, int(trained[0]) - 1), int(trained[-1])
 
 
 @dataclass

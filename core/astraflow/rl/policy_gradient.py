@@ -34,6 +34,7 @@ batch's ``trainer_version``), the engine/trainer mismatch with no staleness in i
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from astraflow.rl.losses import (
     policy_loss,
     token_entropy,
     token_logprobs,
+    trained_columns,
 )
 from astraflow.rl.options import check_policy_gradient, lr_at
 from astraflow.types import Batch, TrainItem
@@ -235,31 +237,65 @@ class PolicyGradientBackend(TrainerBackend):
                              f"has {self.config.dtype!r}")
         return state
 
+    #: :meth:`logits` and :meth:`prefix_logits` take the columns to compute (see there)
+    keeps_columns: bool = False
+
+    def _keeps_columns(self) -> bool:
+        """``keeps_columns``, unless a subclass overrode :meth:`logits` or
+        :meth:`prefix_logits` without the columns argument."""
+        return bool(self.keeps_columns
+                    and "columns" in inspect.signature(self.logits).parameters
+                    and "kept" in inspect.signature(self.prefix_logits).parameters)
+
     def logits(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
-        """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``."""
+        """``[b, T, V]`` logits of ``model`` for right-padded ``tokens``.
+
+        A backend with ``keeps_columns`` also takes ``columns``, ``(start, stop)``, and
+        returns ``[b, stop - start, V]``: those columns' logits alone.
+        """
         raise NotImplementedError
 
     # the module's name, which the class attribute ``shared_prefix`` shadows for mypy
     def prefix_logits(self, model: Any, split: shared_prefix.SharedPrefix  # type: ignore[name-defined]
                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The prefix pass's ``[G, P, V]`` and the suffix pass's ``[b, S, V]`` logits
-        (see :mod:`astraflow.rl.shared_prefix`); None on an earlier pipeline stage."""
+        (see :mod:`astraflow.rl.shared_prefix`); None on an earlier pipeline stage.
+
+        A backend with ``keeps_columns`` also takes ``kept``, the prefix columns to
+        compute (:func:`~astraflow.rl.shared_prefix.prefix_columns`): ``[G, K, V]``.
+        """
         raise NotImplementedError
 
-    def _token_stats(self, model: Any, micro: MicroBatch, entropy: bool = False
+    def _token_stats(self, model: Any, micro: MicroBatch, entropy: bool = False,
+                     trained: bool = False,
                      ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """``[b, T]`` log-probs of ``micro``'s tokens under ``model`` (and entropies), by
         the shared-prefix passes when the micro-batch has a split; None on a pipeline
-        stage that is not the last."""
+        stage that is not the last.
+
+        ``trained``: only the trained tokens' are needed (the others come out 0.0); a
+        backend with ``keeps_columns`` then computes logits for those columns alone.
+        """
+        # trained: logits only where the loss reads them (a backend that says it can)
+        keep = trained and self._keeps_columns()
         if micro.prefix is not None and self.shared_prefix:
-            logits = self.prefix_logits(model, micro.prefix)
+            kept = shared_prefix.prefix_columns(micro.prefix, micro.mask) if keep else None
+            logits = (self.prefix_logits(model, micro.prefix) if kept is None
+                      else self.prefix_logits(model, micro.prefix, kept))  # type: ignore[call-arg]
             if logits is None:
                 return None
-            return shared_prefix.token_stats(*logits, micro.prefix, entropy)
-        logits = self.logits(model, micro.tokens)
+            return shared_prefix.token_stats(*logits, micro.prefix, entropy, kept)
+        columns = trained_columns(micro.mask) if keep else None
+        width = micro.tokens.shape[1]
+        if columns is None:
+            logits, start = self.logits(model, micro.tokens), 0
+        else:
+            logits = self.logits(model, micro.tokens, columns)  # type: ignore[call-arg]
+            start = columns[0]
         if logits is None:
             return None
-        return token_logprobs(logits, micro.tokens), token_entropy(logits) if entropy else None
+        return (token_logprobs(logits, micro.tokens, start),
+                token_entropy(logits, start, width) if entropy else None)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -347,11 +383,12 @@ class PolicyGradientBackend(TrainerBackend):
                                 "corrected", "beyond_cap", "fresh_diff", "fresh_tokens"), 0.0)
         gap_max = 0.0
         for micro in micros:
-            stats = first if single else self._token_stats(self.model, micro, entropy=True)
+            stats = first if single else self._token_stats(self.model, micro, entropy=True,
+                                                                   trained=True)
             ref_logp = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref = self._token_stats(self.reference, micro)
+                    ref = self._token_stats(self.reference, micro, trained=True)
                 ref_logp = None if ref is None else ref[0]
             if stats is None:  # an earlier pipeline stage: the loss is the last stage's
                 self.backward(None)
@@ -417,7 +454,8 @@ class PolicyGradientBackend(TrainerBackend):
             return (self.config.eps_low, self.config.eps_high)
         if passes is None:
             with torch.no_grad():
-                passes = [self._token_stats(self.model, micro) for micro in micros]
+                passes = [self._token_stats(self.model, micro, trained=True)
+                          for micro in micros]
         logps, olds, advs, masks = [], [], [], []
         for micro, stats in zip(micros, passes, strict=True):
             if stats is None:  # an earlier pipeline stage: the clip is the last's

@@ -124,28 +124,56 @@ def _common(seqs: list[list[int]]) -> int:
 
 
 def _entropy(logits: Tensor) -> Tensor:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    """``[n, K]`` entropies of ``[n, K, V]`` logits, a row at a time (three ``[K, V]``
+    float32 temporaries, not three of the whole)."""
+    if logits.shape[0] == 0 or logits.shape[1] == 0:
+        return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
+    rows = []
+    for row in logits:
+        logp = torch.log_softmax(row.float(), dim=-1)
+        rows.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(rows)
+
+
+def prefix_columns(split: SharedPrefix, mask: Tensor) -> Tensor:
+    """The prefix columns whose logits a loss over ``mask``'s tokens (``[b, T]``, the
+    plain layout) reads: each item's last prefix column (it predicts the item's first
+    suffix token) and any column predicting a trained token inside the prefix. A GRPO
+    prompt is never trained, so of a 200-token prompt's 200 columns one is needed."""
+    width = split.tokens.shape[1]
+    columns = torch.arange(width, device=mask.device)[None]
+    inside = mask[:, 1 : width + 1].bool() & (columns < split.lengths[:, None] - 1)
+    used = inside.any(dim=0)
+    used[split.lengths - 1] = True
+    return used.nonzero().squeeze(1)
 
 
 def token_stats(prefix_logits: Tensor, suffix_logits: Tensor, split: SharedPrefix,
-                entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                entropy: bool = False, kept: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and entropies, without gradient) ``[b, T]`` of the items,
     from the two passes' logits (``[G, P, V]`` and ``[b, S, V]``); column 0 is 0.0.
 
     Prefix column ``c`` of an item predicts its token ``c + 1``: inside the group's
     prefix that is the prefix's own next token; at the item's last prefix column it is
     the item's first suffix token. Suffix column ``k`` predicts suffix token ``k + 1``.
+
+    ``kept``: the prefix columns ``prefix_logits`` holds (``[G, K, V]``), as
+    :func:`prefix_columns` gives them; the others' log-probs are 0.0.
     """
+    groups, width = split.tokens.shape
     prefix = prefix_logits.float()
-    normaliser = torch.logsumexp(prefix, dim=-1)  # [G, P]
-    inner = prefix[:, :-1].gather(-1, split.tokens[:, 1:, None]).squeeze(-1)
-    inner = torch.nn.functional.pad(inner, (0, 1)) - normaliser  # [G, P]
-    last = split.lengths - 1
+    cols = torch.arange(width, device=prefix.device) if kept is None else kept
+    norm = torch.logsumexp(prefix, dim=-1)  # [G, K]
+    following = torch.nn.functional.pad(split.tokens[:, 1:], (0, 1))[:, cols]
+    inner = prefix.gather(-1, following[..., None]).squeeze(-1) - norm
+    inner = prefix.new_zeros(groups, width).index_copy(1, cols, inner)  # [G, P]
+    last = torch.searchsorted(cols, split.lengths - 1)  # each item's last column, in K
     first = (prefix[split.rows, last].gather(-1, split.suffix[:, :1]).squeeze(-1)
-             - normaliser[split.rows, last])  # [b]
-    columns = torch.arange(prefix.shape[1], device=prefix.device)[None]
-    own = torch.where(columns == last[:, None], first[:, None], inner[split.rows])
+             - norm[split.rows, last])  # [b]
+    columns = torch.arange(width, device=prefix.device)[None]
+    own = torch.where(columns == (split.lengths - 1)[:, None], first[:, None],
+                      inner[split.rows])
     rest = suffix_logits[:, :-1].float()
     after = (rest.gather(-1, split.suffix[:, 1:, None]).squeeze(-1)
              - torch.logsumexp(rest, dim=-1))  # [b, S - 1]
@@ -154,6 +182,6 @@ def token_stats(prefix_logits: Tensor, suffix_logits: Tensor, split: SharedPrefi
     if not entropy:
         return logp, None
     with torch.no_grad():
-        spread = torch.cat([zero, _entropy(prefix_logits)[split.rows],
-                            _entropy(suffix_logits[:, :-1])], dim=1)
+        spread = prefix.new_zeros(groups, width).index_copy(1, cols, _entropy(prefix_logits))
+        spread = torch.cat([zero, spread[split.rows], _entropy(suffix_logits[:, :-1])], dim=1)
         return logp, spread.gather(1, split.index)

@@ -1,5 +1,6 @@
 """``trainer.shared_prefix``: a group's prompt goes through the model once, and training
-is the same as without: the same log-probs, metrics and weights after a step."""
+is the same as without: the same log-probs, metrics and weights after a step. And logits
+computed only where tokens are trained train as all of them do."""
 
 from __future__ import annotations
 
@@ -169,3 +170,51 @@ def test_a_token_budget_cuts_the_batch_and_trains_as_one_micro_batch(
     for (name, a), b in zip(whole.model.named_parameters(), packed.model.parameters(),
                             strict=True):
         assert (a.grad - b.grad).abs().max() <= 1e-4 * a.grad.abs().max() + 1e-9, name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("sharing", [True, False])
+def test_logits_only_where_trained_train_as_all_of_them(tmp_path: Path, arch: str,
+                                                       sharing: bool) -> None:
+    """A step computes the output layer only at the columns the loss reads (prompts are
+    not trained): the same metrics and gradients as over every column, and the logits
+    it computes are those columns'."""
+    from astraflow.testing.models import make_chat_model
+
+    model = make_chat_model(tmp_path / arch, arch=arch)
+    everywhere = backend(model, shared_prefix=sharing)
+    everywhere.keeps_columns = False
+    kept = backend(model, shared_prefix=sharing)
+    widths: list[int] = []
+    logits = kept.logits
+
+    def counted(model: Any, tokens: torch.Tensor, columns: Any = None) -> torch.Tensor:
+        out = logits(model, tokens, columns)
+        widths.append(out.shape[1] - tokens.shape[1])
+        return out
+
+    kept.logits = counted  # type: ignore[method-assign]
+    batch = with_behaviour_logprobs(everywhere, grouped_batch(model, seed=3))
+    for _ in range(2):
+        want, got = everywhere.train_step(batch), kept.train_step(batch)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    assert kept.shared_prefix == sharing
+    if not sharing:  # prompts of several tokens: fewer columns than tokens
+        assert widths and all(w < 0 for w in widths)
+    for (name, a), b in zip(everywhere.model.named_parameters(), kept.model.parameters(),
+                            strict=True):
+        assert (a.grad - b.grad).abs().max() <= 1e-4 * a.grad.abs().max() + 1e-9, name
+
+
+def test_a_prefix_pass_computes_the_columns_a_loss_reads() -> None:
+    """Of a shared prompt only its last column (predicting the first completion token)
+    is needed, unless tokens inside the prefix are trained."""
+    split = shared_prefix.layout([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8, 7], [5, 6, 7, 9]],
+                                 ["a", "a", "b"], 6, 0)
+    assert split is not None and split.tokens.shape[1] == 4
+    prompt_only = torch.tensor([[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 0, 0]])
+    assert shared_prefix.prefix_columns(split, prompt_only).tolist() == [2, 3]
+    inside = prompt_only.clone()
+    inside[0, 2] = 1  # token 2 of the first item is trained: column 1 predicts it
+    assert shared_prefix.prefix_columns(split, inside).tolist() == [1, 2, 3]
