@@ -179,8 +179,11 @@ class TrainerRuntime:
         from astraflow.trainer.ranks import Leader
 
         self.call = Leader(backend, ranks)
+        # the last version's bits, the next delta's base, wait on disk: not in memory
         publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy,
-                                    adapter=self._adapter(backend))
+                                    adapter=self._adapter(backend),
+                                    base_path=self.work_dir / "trainer-weights"
+                                    / f"{self.policy}.delta-base.safetensors")
         resumed = self._resume()
         with WeightClient(self.url, self.token, self.work_dir / "trainer-weights") as wc:
             latest = wc.latest(self.policy)

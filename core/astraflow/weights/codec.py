@@ -394,6 +394,8 @@ class DeltaFile:
 
 
 def layout_of(tensors: Mapping[str, st.Tensor]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    if isinstance(tensors, st.OnDisk):  # from its header: no tensor read
+        return dict(tensors.layout)
     return {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
 
 

@@ -1,12 +1,15 @@
 """The trainer side: turn each exported version into a full snapshot and/or a delta.
 
 The publisher keeps the raw bits it published last, so a delta costs one pass over
-the weights and no read-back from the store. Publishing never involves nodes: it
-writes to a store (local directory, or the data layer over HTTP) and returns.
+the weights and no read-back from the store: in memory, or with ``base_path`` in a file
+of the trainer's own, read a tensor at a time (at 0.5B parameters, 1 GB not held).
+Publishing never involves nodes: it writes to a store (local directory, or the data
+layer over HTTP) and returns.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any, Protocol
 
 from astraflow.weights import codec
 from astraflow.weights import safetensors_io as st
-from astraflow.weights.store import build_version
+from astraflow.weights.store import MODEL_FILE, build_version
 
 
 class PublishTarget(Protocol):
@@ -46,7 +49,8 @@ class WeightPublisher:
 
     def __init__(self, target: PublishTarget, policy: str, *, full_every: int = 10,
                  max_delta_fraction: float = 0.5,
-                 adapter: Mapping[str, Any] | None = None) -> None:
+                 adapter: Mapping[str, Any] | None = None,
+                 base_path: Path | str | None = None) -> None:
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
         self.target = target
@@ -55,7 +59,9 @@ class WeightPublisher:
         self.max_delta_fraction = max_delta_fraction
         #: set for a LoRA stream: every version carries its base's identity and config
         self.adapter = adapter
-        self._previous: dict[str, st.Tensor] | None = None
+        #: where the last version's bits are kept (None: in memory)
+        self.base_path = Path(base_path) if base_path is not None else None
+        self._previous: Mapping[str, st.Tensor] | None = None
         self._previous_version: int | None = None
         self._since_full = 0
         #: versions still to publish whole without trying a delta, and the run of
@@ -94,11 +100,28 @@ class WeightPublisher:
                           delta_base=self._previous_version if worth else None,
                           blobs=blobs if worth else None, adapter=self.adapter)
             manifest = self.target.commit(self.policy, version, staging)
+            if self.base_path is not None:
+                self._previous = None  # the file it reads is about to be replaced
+                self._previous = self._keep(tensors, staging / MODEL_FILE if full else None)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self._previous = (dict(tensors) if owned else
-                          {name: st.Tensor(t.dtype, t.shape, t.data.copy())
-                           for name, t in tensors.items()})
+        if self.base_path is None:
+            self._previous = (dict(tensors) if owned else
+                              {name: st.Tensor(t.dtype, t.shape, t.data.copy())
+                               for name, t in tensors.items()})
         self._previous_version = version
         self._since_full = 0 if full else self._since_full + 1
         return manifest
+
+    def _keep(self, tensors: Mapping[str, st.Tensor], written: Path | None) -> st.OnDisk:
+        """The version's bits in ``base_path``: the full snapshot just staged, moved there,
+        or written anew after a delta."""
+        assert self.base_path is not None
+        self.base_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if written is None:
+                raise OSError("no full snapshot staged")
+            os.replace(written, self.base_path)
+        except OSError:  # another file system, or a delta alone was staged
+            st.save(self.base_path, tensors)
+        return st.OnDisk(self.base_path)

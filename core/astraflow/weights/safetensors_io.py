@@ -216,3 +216,40 @@ def parse(buffer: np.ndarray) -> tuple[dict[str, Tensor], dict[str, str]]:
 def load(path: Path | str) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Read a whole file into memory; the tensors are writable views of one buffer."""
     return parse(np.fromfile(path, dtype=np.uint8))
+
+
+class OnDisk(Mapping[str, Tensor]):
+    """A safetensors file's tensors, each read from disk when asked for and not kept:
+    a whole model's worth of bits held by the file, not by this process (reads, not a
+    memory map, whose pages would count against the process once touched)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        with self.path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > MAX_HEADER_BYTES:
+                raise CorruptError(f"{self.path}: safetensors header length {n}")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        self._start = 8 + n
+        self._entries = {name: (e["dtype"], tuple(int(d) for d in e["shape"]),
+                                int(e["data_offsets"][0]), int(e["data_offsets"][1]))
+                         for name, e in header.items()}
+        #: each tensor's dtype and shape, known without reading it
+        self.layout = {name: (dtype, shape) for name, (dtype, shape, _, _)
+                       in self._entries.items()}
+
+    def __getitem__(self, name: str) -> Tensor:
+        dtype, shape, start, end = self._entries[name]
+        data = np.empty(end - start, dtype=np.uint8)
+        with self.path.open("rb") as f:
+            f.seek(self._start + start)
+            if f.readinto(memoryview(data)) != data.size:  # type: ignore[arg-type]
+                raise CorruptError(f"{self.path}: tensor {name!r} is cut short")
+        return Tensor(dtype, shape, data.view(RAW_DTYPES[dtype]).reshape(shape))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -53,6 +53,35 @@ def test_node_follows_a_delta_chain_across_versions(server, tmp_path):
     client.close()
 
 
+@pytest.mark.parametrize("kept_from", ["a full version", "a delta"])
+def test_a_delta_base_kept_on_disk_gives_the_same_chain(server, tmp_path, kept_from):
+    """The trainer keeps the last version's bits in a file, not in memory: the deltas a
+    node follows rebuild the same weights, whether the base came from a full snapshot
+    (moved into place) or was written after a delta."""
+    base = tmp_path / "trainer" / "policy.delta-base.safetensors"
+    target = HttpPublishTarget(server.url, TOKEN)
+    publisher = WeightPublisher(target, "solver", full_every=1 if kept_from == "a full version"
+                                else 100, base_path=base)
+    models = [make_model()]
+    publisher.publish(1, models[0], owned=True)
+    for v in range(2, 5):
+        models.append(step(models[-1], seed=v))
+        publisher.publish(v, models[-1], owned=True)
+        assert isinstance(publisher._previous, st.OnDisk)  # nothing held in memory
+        assert same(dict(publisher._previous), models[-1])
+    target.close()
+    stored = server.store.root / "solver"
+    full = [v for v in range(2, 5) if (stored / f"v{v}" / MODEL_FILE).exists()]
+    deltas = [v for v in range(2, 5) if (stored / f"v{v}" / delta_name(v - 1)).exists()]
+    if kept_from == "a full version":  # (older ones may be gone: retention)
+        assert 4 in full
+    else:
+        assert full == [] and deltas == [2, 3, 4]
+    with WeightClient(server.url, TOKEN, tmp_path / "node") as client:
+        version, path = client.sync("solver")
+    assert version == 4 and same(st.load(path / MODEL_FILE)[0], models[-1])
+
+
 def test_a_node_polling_for_newer_weights_costs_one_request_when_nothing_is_new(server,
                                                                                 tmp_path):
     publisher = WeightPublisher(server.store, "p", full_every=100)
