@@ -34,7 +34,8 @@ with ``cpu_offload``).
 
 Per rollout node and per evaluator, one engine per policy (one for all with LoRA):
 
-- ``raas=hf``: weights in ``raas.dtype`` + the keys and values of
+- ``raas=hf``: weights in ``raas.dtype`` (``auto``: the dtype the checkpoint's
+  ``config.json`` declares, float32 when it declares none) + the keys and values of
   ``min(max_batch_size, node_concurrency x group_size)`` sequences (layers x 2 x
   key-value width x ``raas.dtype`` bytes a token) + the last position's logits twice;
 - ``raas=vllm``: weights in ``raas.dtype`` + its KV cache (``raas.kv_cache_gib``; unset,
@@ -61,6 +62,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from astraflow.launch.machine import MemoryCgroup, machine_memory, memory_cgroup
+from astraflow.models.checkpoint import FALLBACK_DTYPE, declared_dtype, model_config
 
 GIB = 1 << 30
 #: a Python process that imported torch and transformers (a forked component's RSS
@@ -116,6 +118,9 @@ class Checkpoint:
     parameters: int
     #: the dtype most of its parameters are stored in (``BF16``)
     dtype: str = "F32"
+    #: the dtype its config.json declares (``bfloat16``), which ``raas.dtype=auto``
+    #: serves it in; None: it declares none
+    declared_dtype: str | None = None
     hidden: int = 0
     layers: int = 0
     vocab: int = 0
@@ -167,7 +172,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint | None:
             if (name.endswith(".weight") and len(shape) == 2 and "embed" not in name
                     and ".experts." not in name):
                 linear[name[: -len(".weight")]] = (shape[0], shape[1])
-    config = _model_config(Path(model_dir))
+    config = model_config(model_dir)
     hidden = int(config.get("hidden_size") or 0)
     heads = int(config.get("num_attention_heads") or 0)
     head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
@@ -175,6 +180,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint | None:
     return Checkpoint(
         parameters=total,
         dtype=max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "F32",
+        declared_dtype=declared_dtype(config),
         hidden=hidden,
         layers=int(config.get("num_hidden_layers") or 0),
         vocab=int(config.get("vocab_size") or 0),
@@ -183,17 +189,6 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint | None:
         max_positions=int(config.get("max_position_embeddings") or 0),
         linear=linear,
     )
-
-
-def _model_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(config, dict):
-        return {}
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
 
 
 def tiny_checkpoint(model: Any, vocab: int = 128) -> Checkpoint:
@@ -208,6 +203,7 @@ def tiny_checkpoint(model: Any, vocab: int = 128) -> Checkpoint:
                                 ("mlp.gate_proj", (inter, h)), ("mlp.up_proj", (inter, h)),
                                 ("mlp.down_proj", (h, inter)))}
     return Checkpoint(parameters=2 * vocab * h + layers * per_layer + h, dtype="F32",
+                      declared_dtype="float32",
                       hidden=h, layers=layers, vocab=vocab, intermediate=inter,
                       kv_width=h, max_positions=int(model.max_position_embeddings),
                       linear=linear)
@@ -300,6 +296,19 @@ def dtype_bytes(name: str | None, ckpt: Checkpoint) -> int:
     if name in NAMED_BYTES:
         return NAMED_BYTES[str(name)]
     return DTYPE_BYTES.get(ckpt.dtype, 4)
+
+
+def engine_dtype(raas: Any, ckpt: Checkpoint) -> str | None:
+    """The dtype an engine of ``raas`` holds the weights in: ``raas.dtype``, its ``auto``
+    resolved as the engines resolve it (:func:`~astraflow.models.checkpoint.served_dtype`:
+    the dtype the checkpoint declares, else float32); None for an engine without the
+    setting (``raas=sglang``: its server's own choice)."""
+    if "dtype" not in raas:
+        return None
+    setting = raas.get("dtype")
+    if setting and setting != "auto":
+        return str(setting)
+    return ckpt.declared_dtype or FALLBACK_DTYPE
 
 
 def sequence_tokens(cfg: DictConfig, ckpt: Checkpoint, prompt_tokens: int | None) -> int:
@@ -426,7 +435,7 @@ def engine_terms(cfg: DictConfig, ckpt: Checkpoint, seq: int, gpu: bool,
     if name == "sim":
         return []
     loading = Term("version being loaded", ckpt.parameters * export)
-    engine = dtype_bytes(raas.get("dtype", "auto"), ckpt)
+    engine = dtype_bytes(engine_dtype(raas, ckpt), ckpt)
     weights = Term("weights", ckpt.parameters * engine,
                    f"{count(ckpt.parameters)} parameters x {engine} B")
     if name == "vllm":
@@ -497,8 +506,8 @@ def estimate(cfg: DictConfig, ckpt: Checkpoint | None = None, *,
                                           if cfg.raas.get("name") == "hf" else
                                           ", raas.kv_cache_gib"
                                           if cfg.raas.get("name") == "vllm" else "")
-                     + (", or raas.dtype=bfloat16" if cfg.raas.get("dtype") == "float32"
-                        else ""))
+                     + (", or raas.dtype=bfloat16"
+                        if engine_dtype(cfg.raas, ckpt) == "float32" else ""))
     parts = [trainer_part(cfg, p, ckpt, seq, gpu) for p in policies]
     nodes = node_count(cfg)
     if nodes:

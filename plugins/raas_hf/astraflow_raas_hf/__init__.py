@@ -14,7 +14,9 @@ class HFConfig:
     """Settings of ``raas=hf``."""
 
     name: str = "hf"
-    dtype: str = setting("float32", choices=("float32", "bfloat16"))
+    #: the weights' dtype: "auto" -- the checkpoint's own, as its config.json declares
+    #: it (float32 when it declares none): a bfloat16 release is held in half the memory
+    dtype: str = setting("auto", choices=("auto", "float32", "bfloat16"))
     #: sequences per forward pass (after expanding n)
     max_batch_size: int = setting(256, ge=1)
     num_threads: int = setting(1, ge=1)  # torch intra-op threads of this engine

@@ -29,13 +29,15 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from astraflow.contracts import RolloutBackend
 from astraflow.models import hf_layout
+from astraflow.models.checkpoint import served_dtype
 from astraflow.models.router_replay import Recorder
 from astraflow.raas.pausable import Pausable
 from astraflow.routing import from_array
 from astraflow.types import Generation, GenerationRequest, RoutedExperts
 from astraflow_raas_hf import check_config
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: ``raas.dtype`` as resolved (``auto``: the checkpoint's own, which may be float16)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -139,8 +141,9 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = DTYPES[served_dtype(self.config.dtype, self.model_path)]
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=DTYPES[self.config.dtype], local_files_only=True
+            self.model_path, dtype=dtype, local_files_only=True
         )
         return model.to(device).eval()
 

@@ -15,8 +15,10 @@ class VLLMConfig:
     """Settings of ``raas=vllm``."""
 
     name: str = "vllm"
-    #: engine compute dtype
-    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16", "auto"))
+    #: engine compute dtype: "auto" -- the checkpoint's own, as its config.json declares
+    #: it (float32 when it declares none), as raas=hf means it; vLLM's own "auto" would
+    #: serve a float32 checkpoint in bfloat16 or float16
+    dtype: str = setting("auto", choices=("auto", "float32", "bfloat16", "float16"))
     # KV cache size; on CPU it is RAM, and vLLM's default sizing fails on small hosts.
     # null sizes it from gpu_memory_utilization instead (what a GPU node wants).
     kv_cache_gib: float | None = setting(1.0, gt=0,

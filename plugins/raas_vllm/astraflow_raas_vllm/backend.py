@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 from astraflow.contracts import RolloutBackend
+from astraflow.models.checkpoint import served_dtype
 from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import ADAPTER_FILE, copy_adapter
 from astraflow_raas_vllm import check_config
@@ -132,7 +133,7 @@ class VLLMRolloutBackend(RolloutBackend):
         args = AsyncEngineArgs(
             model=self.model_path,
             skip_tokenizer_init=True,  # token in, token out: nothing to detokenize
-            dtype=cfg.dtype,
+            dtype=served_dtype(cfg.dtype, self.model_path),
             seed=cfg.seed,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_memory_bytes=None if cfg.kv_cache_gib is None

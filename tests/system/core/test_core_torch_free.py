@@ -63,7 +63,8 @@ def test_the_launchers_engine_check_imports_no_engine():
 
 
 def test_a_bad_engine_setting_is_still_refused_before_anything_starts():
-    for override, said in (("raas.dtype=float8", "raas.dtype=float8: choose float32 or bfloat16"),
+    for override, said in (("raas.dtype=float8",
+                            "raas.dtype=float8: choose auto, float32 or bfloat16"),
                            ("trainer.loss=reinforce", "trainer.loss=reinforce: choose ppo or m2po"),
                            ("trainer.mixed_precision=fp8",
                             "trainer.mixed_precision=fp8: choose none or bfloat16")):

@@ -173,6 +173,26 @@ def test_components_are_counted_as_the_launcher_starts_them(huge: str) -> None:
     assert parts("raas=sim")["rollout node"].each == memory.TORCH_PROCESS
 
 
+def test_an_engine_counts_auto_as_the_dtype_its_checkpoint_declares(huge: str) -> None:
+    """``raas.dtype=auto`` (the default) is what the engines load: the dtype config.json
+    declares, float32 when it declares none (this checkpoint's tensors are bf16)."""
+    def node(*overrides: str) -> tuple[dict[str, int], str]:
+        est = memory.estimate(run_config(f"model.path={huge}", *overrides), prompt_tokens=20,
+                              gpu=False, machine=64 * GIB)
+        part = next(p for p in est.parts if p.name == "rollout node")
+        return {t.what: t.bytes for t in part.terms}, part.advice
+
+    params = memory.read_checkpoint(huge).parameters  # type: ignore[union-attr]
+    terms, advice = node()
+    assert terms["weights"] == 4 * params and "raas.dtype=bfloat16" in advice
+    config = Path(huge, "config.json")
+    config.write_text(json.dumps({**json.loads(config.read_text()), "torch_dtype": "bfloat16"}))
+    terms, advice = node()
+    assert terms["weights"] == 2 * params and "raas.dtype" not in advice
+    assert node("raas=vllm")[0]["weights"] == 2 * params
+    assert node("raas.dtype=float32")[0]["weights"] == 4 * params
+
+
 def test_components_on_a_gpu_cost_the_host_little(huge: str) -> None:
     cfg = run_config(f"model.path={huge}")
     on_cpu = memory.estimate(cfg, prompt_tokens=20, gpu=False, machine=64 * GIB)

@@ -81,3 +81,32 @@ def test_samples_of_one_prompt_share_its_prefill(tiny_model_dir):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     sampled, _ = run(True, 1.0)
     assert len({tuple(g.token_ids) for g in sampled[0]}) > 1
+
+
+def test_auto_holds_a_checkpoint_in_its_own_dtype(tiny_model_dir, tmp_path):
+    """``raas.dtype=auto``, the default: a checkpoint saved in bfloat16 (as releases are)
+    is held in bfloat16, half the memory of float32; the float32 fixture stays float32,
+    so the tiny runs serve as before; a dtype set explicitly wins."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.plugins import get_registry
+
+    bf16 = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(bf16)
+    assert json.loads((bf16 / "config.json").read_text())["dtype"] == "bfloat16"
+    entry = get_registry().get("rollout_backend", "hf")
+
+    def held(path, **settings) -> set:
+        backend = entry.create(entry.config_cls(**settings), str(path))
+        try:
+            return {p.dtype for p in backend._load().parameters()}
+        finally:
+            backend._executor.shutdown()
+
+    assert entry.config_cls().dtype == "auto"
+    assert held(bf16) == {torch.bfloat16}
+    assert held(tiny_model_dir) == {torch.float32}
+    assert held(bf16, dtype="float32") == {torch.float32}
