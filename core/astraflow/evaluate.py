@@ -10,6 +10,9 @@ With ``eval_deferred`` the evaluator only keeps a copy of each version due (on i
 disk, under its work directory) while the policy trains, and scores them all once the
 trainer is done: evaluating then takes no compute from the run, whose clock stays the
 training's own (a benchmark; a machine with no device to spare for evaluation).
+
+A task without a held-out split has nothing to score: the launcher starts no evaluator
+for it, and one started anyway (``astraflow eval``) ends at once, without an engine.
 """
 
 from __future__ import annotations
@@ -128,6 +131,12 @@ class Evaluator:
             return version
 
         try:
+            if not tasks:  # no held-out split (the launcher starts no evaluator then): no
+                # engine, a copy of the model, is held for nothing to score
+                log.info("task=%s has no held-out tasks: nothing to evaluate for %s",
+                         cfg.task.name, self.policy)
+                mark_ready()
+                return
             last = 0
             if deferred:  # the start weights too, as the trainer published them; the
                 # engines start when training is done, their start-up none of its CPU

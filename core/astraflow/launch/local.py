@@ -90,6 +90,9 @@ class LocalRun:
     preloader: preload.Preloader | None = None
     #: each component's peak memory, and the count of the kernel's OOM kills
     memory: MemoryWatch = field(default_factory=MemoryWatch)
+    #: an evaluator per policy is started; not when the task has no held-out split
+    #: (it would hold a copy of the model for nothing)
+    evaluated: bool = True
 
     def get(self, route: str) -> dict[str, Any]:
         """``GET route`` of the data layer as JSON ({} when it does not answer), on one
@@ -226,8 +229,9 @@ class LocalRun:
         for policy in policy_names(self.cfg):
             self.spawn(f"trainer-{policy}", "train", *self.component_args(), "--policy", policy,
                        "--metrics", str(metrics / f"train-{policy}.jsonl"))
-            self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy", policy,
-                       "--metrics", str(metrics / f"eval-{policy}.jsonl"))
+            if self.evaluated:
+                self.spawn(f"eval-{policy}", "eval", *self.component_args(), "--policy",
+                           policy, "--metrics", str(metrics / f"eval-{policy}.jsonl"))
         self.start_nodes()
 
     def start_nodes(self) -> None:
@@ -431,6 +435,12 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     Every check that reads the user's files runs before the run directory is made, so
     a mistake leaves nothing behind and starts nothing.
     """
+    cfg, run_dir, _ = prepare_run(cfg)
+    return cfg, run_dir
+
+
+def prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
+    """:func:`prepare`, and whether the task has a held-out split to evaluate."""
     from astraflow.launch import preflight
 
     cfg = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
@@ -447,7 +457,8 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
     if cfg.model.path is not None:
         prompt_tokens = preflight.check_prompts(cfg, source)
         preflight.check_lora(cfg)
-    preflight.check_memory(cfg, prompt_tokens)
+    evaluated = bool(source.eval_tasks())
+    preflight.check_memory(cfg, prompt_tokens, evaluated=evaluated)
     run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
@@ -485,7 +496,7 @@ def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
         preflight.check_prompts(cfg, source)
         preflight.check_lora(cfg)
     OmegaConf.save(cfg, run_dir / "config.yaml")
-    return cfg, run_dir
+    return cfg, run_dir, evaluated
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -509,10 +520,15 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
 
     started = time.time()
     listener = job_cls.bind_dataflow(cfg)
-    cfg, run_dir = prepare(cfg)
-    job = job_cls(cfg, run_dir, resolve_token(), _listener=listener, preloader=preloader)
+    cfg, run_dir, evaluated = prepare_run(cfg)
+    job = job_cls(cfg, run_dir, resolve_token(), _listener=listener, preloader=preloader,
+                  evaluated=evaluated)
     progress = Progress(cfg, run_dir, enabled=bool(cfg.launcher.progress))
     print(f"astraflow: run directory {run_dir}", file=sys.stderr)
+    if not evaluated:
+        print(f"astraflow: task={cfg.task.name} has no held-out split, so no evaluator is "
+              "started" + (" (task.eval_files or task.eval_size give one)"
+                           if "eval_size" in cfg.task else ""), file=sys.stderr)
     _stop_on_sigterm()
     loggers = Loggers(cfg, run_dir)
     try:
@@ -523,7 +539,8 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         # after the components started, not before: a logger's library may import torch
         # (tensorboardX does), seconds the launcher would keep them waiting
         loggers.open()
-        learners = [f"{kind}-{p}" for p in policy_names(cfg) for kind in ("trainer", "eval")]
+        learners = [f"{kind}-{p}" for p in policy_names(cfg)
+                    for kind in (("trainer", "eval") if evaluated else ("trainer",))]
         autoscalers = job.autoscalers() if cfg.autoscale else []
         rewards = RewardWatch(job)
         with progress:

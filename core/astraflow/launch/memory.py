@@ -45,7 +45,8 @@ Per rollout node and per evaluator, one engine per policy (one for all with LoRA
 - every engine: the version being loaded (parameters x ``export_dtype`` bytes).
 
 An engine on a GPU keeps weights and cache there. An evaluator with ``eval_deferred``
-starts its engines once its trainer is done, so it counts as a process alone. The data
+starts its engines once its trainer is done, so it counts as a process alone; a task
+without a held-out split has no evaluator. The data
 layer holds ``dataflow.buffer_capacity`` trajectories a policy (16 bytes a token).
 """
 
@@ -481,12 +482,13 @@ def node_count(cfg: DictConfig) -> int:
 
 def estimate(cfg: DictConfig, ckpt: Checkpoint | None = None, *,
              prompt_tokens: int | None = None, gpu: bool | None = None,
-             machine: int | None = None) -> Estimate:
+             machine: int | None = None, evaluated: bool = True) -> Estimate:
     """The run's peak, component by component, for the config the launcher uses
     (policies resolved). ``ckpt``: read from ``model.path`` (the built-in tiny model's
     when unset); ``prompt_tokens``: the longest prompt sampled; ``gpu``: whether the
     machine has one (:func:`has_gpu`); ``machine``: its memory (:func:`machine_memory`),
-    which sizes a vLLM cache given as a fraction of it."""
+    which sizes a vLLM cache given as a fraction of it; ``evaluated``: whether an evaluator
+    is started per policy (not when the task has no held-out split)."""
     from astraflow.components import policy_names
 
     if ckpt is None:
@@ -515,7 +517,7 @@ def estimate(cfg: DictConfig, ckpt: Checkpoint | None = None, *,
                           (Term("process", TORCH_PROCESS), *served), count=nodes,
                           advice=engine_advice))
     deferred = bool(cfg.get("eval_deferred", False))
-    for p in policies:
+    for p in policies if evaluated else ():
         parts.append(Part(f"eval-{p}", (Term("process", TORCH_PROCESS),
                                         *(() if deferred else served)),
                           advice="eval_deferred=true" if not deferred else ""))
@@ -523,7 +525,7 @@ def estimate(cfg: DictConfig, ckpt: Checkpoint | None = None, *,
     launcher = cfg.get("launcher") or {}
     fixed = [Term("launcher", PLAIN_PROCESS), Term("data layer", PLAIN_PROCESS + buffered)]
     if launcher.get("kind") == "ray":
-        components = 1 + 2 * len(policies) + nodes
+        components = 1 + (2 if evaluated else 1) * len(policies) + nodes
         fixed += [Term("Ray", RAY_CLUSTER), Term("Ray actors", components * PLAIN_PROCESS)]
     elif launcher.get("preload", False):
         fixed.append(Term("preloaded parent", TORCH_PROCESS))

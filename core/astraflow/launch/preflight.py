@@ -177,14 +177,15 @@ def check_prompts(cfg: DictConfig, source: Any) -> int:
 
 
 def check_memory(cfg: DictConfig, prompt_tokens: int | None = None,
-                 machine: tuple[int, str] | None = None) -> Any:
+                 machine: tuple[int, str] | None = None, *, evaluated: bool = True) -> Any:
     """The run's estimated peak memory (:func:`astraflow.launch.memory.estimate`: headers
     of the checkpoint, no weights read) against this machine's or its cgroup's: a run
     that cannot fit is refused in one line naming the estimate, the memory there is,
     the biggest component and what lowers it. The estimate, or None when not checked
     (``launcher.memory_check=false``; a Ray cluster the launcher joins, whose machines
     are not known yet). ``machine``: its memory and what sets it
-    (:func:`~astraflow.launch.memory.machine_memory`)."""
+    (:func:`~astraflow.launch.memory.machine_memory`); ``evaluated``: whether the
+    evaluators are started (not for a task without a held-out split)."""
     from astraflow.launch import memory
 
     launcher = cfg.get("launcher") or {}
@@ -193,7 +194,7 @@ def check_memory(cfg: DictConfig, prompt_tokens: int | None = None,
     have, where = machine or memory.machine_memory()
     if not have:
         return None
-    est = memory.estimate(cfg, prompt_tokens=prompt_tokens, machine=have)
+    est = memory.estimate(cfg, prompt_tokens=prompt_tokens, machine=have, evaluated=evaluated)
     if est.bytes <= have:
         return est
     advice = est.biggest().advice

@@ -116,7 +116,8 @@ def _plot(run_dir: Path, train: dict, evals: dict) -> None:
              ylim=(0, 1))
     for ax in (ax_r, ax_e):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # no evaluator (no held-out split): no curve
+            ax.legend()
     fig.tight_layout()
     fig.savefig(run_dir / "reward.png", dpi=100)
     plt.close(fig)

@@ -99,6 +99,30 @@ def test_eval_every_zero_scores_the_start_and_the_final_version_alone(tmp_path,
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 5]
 
 
+def test_a_task_without_a_held_out_split_runs_without_an_evaluator(tmp_path, tiny_model_dir):
+    """No ``task.eval_files`` or ``task.eval_size``: no evaluator holds a copy of the model
+    (it scored the empty split as 0.00); the console says so, and the run ends with its
+    trainer."""
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "+experiment=smoke", f"run_dir={run_dir}",
+         f"model.path={tiny_model_dir}", "launcher.progress=false", "task=jsonl",
+         "task.train_files=[train.jsonl]"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("astraflow: task=jsonl has no held-out split, so no evaluator is started "
+            "(task.eval_files or task.eval_size give one)") in proc.stderr.splitlines()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    started = [r["component"] for r in records if r.get("event") == "start"]
+    assert sorted(started) == ["dataflow", "raas-0", "trainer-policy"]
+    assert not [r for r in records if r["kind"] == "eval"]
+    summary = json.loads((run_dir / "summary.json").read_text())["policies"]["policy"]
+    assert summary["steps"] == 3 and summary["final_eval_accuracy"] is None
+
+
 def test_the_run_logged_to_wandb_and_mlflow_offline_files(smoke_run):
     """Read back with W&B's and MLflow's own readers: the same numbers as metrics.jsonl."""
     pytest.importorskip("wandb.sdk.internal.datastore",
