@@ -57,6 +57,13 @@ def prompt_tokens(cfg: DictConfig) -> int | None:
     return preflight.check_prompts(cfg, preflight.task_source(cfg))
 
 
+def evaluated(cfg: DictConfig) -> bool:
+    """Whether the launcher starts evaluators: not for a task without a held-out split."""
+    from astraflow.launch import preflight
+
+    return bool(preflight.task_source(cfg).eval_tasks())
+
+
 def measured(run_dir: Path) -> dict[str, int]:
     events = [json.loads(line) for line in (run_dir / "metrics" / "launcher.jsonl").open()]
     return next((e["peaks"] for e in reversed(events) if e["event"] == "peak_memory"), {})
@@ -89,7 +96,8 @@ def main() -> None:
     peaks: dict[str, int] = {}
     if args.estimate_only:
         cfg = resolved(overrides)
-        est = memory.estimate(cfg, prompt_tokens=prompt_tokens(cfg), machine=limit)
+        est = memory.estimate(cfg, prompt_tokens=prompt_tokens(cfg), machine=limit,
+                              evaluated=evaluated(cfg))
     else:
         with tempfile.TemporaryDirectory(prefix="astraflow-bench-memory-") as root:
             run_dir = Path(root) / "run"
@@ -100,7 +108,8 @@ def main() -> None:
                 raise SystemExit(f"the run failed:\n{proc.stderr[-3000:]}")
             cfg = OmegaConf.load(run_dir / "config.yaml")
             assert isinstance(cfg, DictConfig)
-            est = memory.estimate(cfg, prompt_tokens=prompt_tokens(cfg), machine=limit)
+            est = memory.estimate(cfg, prompt_tokens=prompt_tokens(cfg), machine=limit,
+                                  evaluated=evaluated(cfg))
             peaks = measured(run_dir)
     table = rows(est, peaks)
     print(f"estimate {memory.gib(est.bytes)} at its peak ({memory.available(limit, where)}); "
