@@ -166,16 +166,38 @@ def breaks(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> li
                 out.append(f"{where} is gone")
                 continue
             for key in ("signature", "type"):
-                if key in shape and shape[key] != now.get(key):
+                if key in shape and shape[key] != now.get(key) and not (
+                        key == "signature" and extends(shape[key], now.get(key))):
                     out.append(f"{where}: {key} {shape[key]} is now {now.get(key)}")
             for part in ("fields", "members"):
                 for member, was in shape.get(part, {}).items():
                     is_now = now.get(part, {}).get(member)
                     if is_now is None:
                         out.append(f"{where}.{member} is gone")
-                    elif is_now != was:
+                    elif is_now != was and not extends(was, is_now):
                         out.append(f"{where}.{member}: {was} is now {is_now}")
     return out
+
+
+def extends(was: Any, now: Any) -> bool:
+    """Whether signature ``now`` is ``was`` with parameters added at its end, each with a
+    default (or ``*args``/``**kwargs``): every call written for ``was`` still works."""
+    if not (isinstance(was, str) and isinstance(now, str)):
+        return False
+    (was_params, _, was_returns), (now_params, _, now_returns) = (
+        text.rpartition(" -> ") if " -> " in text else (text, "", "") for text in (was, now))
+    if was_returns != now_returns or not (was_params.startswith("(")
+                                          and now_params.startswith("(")):
+        return False
+    old, new = was_params[1:-1], now_params[1:-1]
+    if not new.startswith(old) or new == old:
+        return False
+    added = new[len(old):]
+    if old:
+        if not added.startswith(", "):
+            return False
+        added = added[2:]
+    return all("=" in part or part.startswith("*") for part in added.split(", "))
 
 
 def main(argv: list[str] | None = None) -> int:

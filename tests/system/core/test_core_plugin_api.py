@@ -50,3 +50,18 @@ def test_no_deprecated_name_outlives_its_removal_release():
     surface()  # every public module imported: each declares its deprecations
     due = [d for d in DEPRECATIONS if Version(__version__) >= Version(d.removed_in)]
     assert not due, f"deprecated names due for removal in {__version__}: {due}"
+
+
+def test_a_parameter_added_with_a_default_breaks_nothing():
+    """Calls written for the old signature still work; any other change breaks them."""
+    from astraflow.api import extends
+
+    was = "(logits: 'Tensor', tokens: 'Tensor') -> 'Tensor'"
+    assert extends(was, "(logits: 'Tensor', tokens: 'Tensor', start: 'int' = 0) -> 'Tensor'")
+    assert extends("() -> None", "(x=1, **kwargs) -> None")
+    assert not extends(was, "(logits: 'Tensor', tokens: 'Tensor', start: 'int') -> 'Tensor'")
+    assert not extends(was, "(logits: 'Tensor', start: 'int' = 0) -> 'Tensor'")
+    assert not extends(was, "(logits: 'Tensor', tokens: 'Tensor', start=0) -> 'int'")
+    old = {"m": {"f": {"kind": "function", "signature": was}}}
+    now = "(logits: 'Tensor', tokens: 'Tensor') -> 'int'"
+    assert breaks(old, {"m": {"f": {"kind": "function", "signature": now}}})
