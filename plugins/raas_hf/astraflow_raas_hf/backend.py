@@ -34,7 +34,7 @@ from astraflow.models.router_replay import Recorder
 from astraflow.raas.pausable import Pausable
 from astraflow.routing import from_array
 from astraflow.types import Generation, GenerationRequest, RoutedExperts
-from astraflow_raas_hf import check_config
+from astraflow_raas_hf import check_config, streaming
 
 #: ``raas.dtype`` as resolved (``auto``: the checkpoint's own, which may be float16)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -363,17 +363,22 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         self.version = version
 
     def _load_weights(self, path: str) -> None:
+        """On the engine's thread (no generation runs meanwhile): the weights at ``path``
+        into the model in place, a tensor at a time; nothing is written unless every
+        name and shape fits."""
         file = path if path.endswith(".safetensors") else os.path.join(path, "model.safetensors")
-        # published under the checkpoint's names: into the layout the model holds
-        state = hf_layout.to_model(self.model, load_file(file))
-        dtype = next(self.model.parameters()).dtype
-        missing, unexpected = self.model.load_state_dict(
-            {k: v.to(dtype) for k, v in state.items()}, strict=False
-        )
-        missing = [k for k in missing if k not in self._tied]  # loaded with their twin
-        if unexpected or missing:
-            raise ValueError(f"weights at {path} do not fit the model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+        with torch.no_grad():
+            if not hf_layout.converts(self.model):  # held under the checkpoint's names
+                streaming.load_into(self.model, file, self._tied, path)
+                return
+            # held in another layout (fused experts): one model tensor may take several
+            # of the file's, so the whole file is converted at once
+            state = hf_layout.to_model(self.model, load_file(file))
+            targets = self.model.state_dict()
+            streaming.check_fit(path, {k: v.shape for k, v in state.items()}, targets,
+                                self._tied)
+            for name in list(state):  # each freed once copied: no second whole copy
+                targets[name].copy_(state.pop(name))
 
     async def load_adapter(self, name: str, path: str, version: int) -> None:
         loop = asyncio.get_running_loop()
