@@ -45,7 +45,8 @@ class Evaluator:
         from astraflow.weights.client import WeightClient
 
         self.cfg, self.policy = cfg, policy
-        self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy))
+        self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy),
+                                    local_reads=True)
         self.client = DataflowClient(url, token)
         #: scores for the dashboard: a data layer away for long is not waited for
         self.reporter = DataflowClient(url, token, timeout=5.0, retry_for=10.0)

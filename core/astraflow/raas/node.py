@@ -108,8 +108,9 @@ class RaaSNode:
         self.submitter = Submitter(self.client)
         # one weights directory per node: nodes sharing a work dir must not resume each
         # other's partial downloads or prune the version another node's engine is loading
+        # on the data layer's machine, files come from its store's directory (no HTTP)
         self.weights = WeightClient(url, token, os.path.join(
-            work_dir, "weights", self.name.replace(os.sep, "_")))
+            work_dir, "weights", self.name.replace(os.sep, "_")), local_reads=True)
         #: policy -> how this node serves it (several may share one engine)
         self.backends: dict[str, ServedPolicy] = {}
         self.engines: list[RolloutBackend] = []

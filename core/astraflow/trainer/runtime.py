@@ -180,7 +180,9 @@ class TrainerRuntime:
 
         self.call = Leader(backend, ranks)
         # the last version's bits, the next delta's base, wait on disk: not in memory
-        publisher = WeightPublisher(HttpPublishTarget(self.url, self.token), self.policy,
+        # on the data layer's machine, versions are put into its store's directory
+        publisher = WeightPublisher(HttpPublishTarget(self.url, self.token, local_writes=True),
+                                    self.policy,
                                     adapter=self._adapter(backend),
                                     base_path=self.work_dir / "trainer-weights"
                                     / f"{self.policy}.delta-base.safetensors")

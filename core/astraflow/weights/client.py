@@ -33,7 +33,7 @@ from astraflow.weights import codec
 from astraflow.weights import safetensors_io as st
 from astraflow.weights._fs import atomic_file, fsync_dir
 from astraflow.weights.errors import CorruptError, VersionError, WeightsError
-from astraflow.weights.store import MANIFEST, MODEL_FILE, FileRef, check_policy
+from astraflow.weights.store import LOCAL_KEY, MANIFEST, MODEL_FILE, FileRef, check_policy
 from astraflow.weights.upload import CHUNK_BYTES
 
 log = logging.getLogger("astraflow.weights")
@@ -125,8 +125,13 @@ class WeightClient:
     """What a RaaS node uses to follow a policy's weight stream."""
 
     def __init__(self, base_url: str, token: str, local_dir: Path | str, *, retries: int = 5,
-                 backoff: float = 0.1, timeout: float = 30.0) -> None:
+                 backoff: float = 0.1, timeout: float = 30.0,
+                 local_reads: bool = False) -> None:
         self.http = _Http(base_url, token, retries=retries, backoff=backoff, timeout=timeout)
+        #: take files from the store's own directory when this machine sees it
+        self.local_reads = local_reads
+        #: files so taken
+        self.local_files = 0
         self.local_dir = Path(local_dir)
         self.local_dir.mkdir(parents=True, exist_ok=True)
         #: per policy, the version the last plan named
@@ -214,11 +219,12 @@ class WeightClient:
         if not files:
             assert current is not None
             return current
+        local = _same_store(plan.get("local")) if self.local_reads else None
         if len(files) == 1:
-            paths = [self._download(policy, files[0])]
+            paths = [self._download(policy, files[0], local)]
         else:
             with ThreadPoolExecutor(min(_PARALLEL, len(files))) as pool:
-                paths = list(pool.map(lambda ref: self._download(policy, ref), files))
+                paths = list(pool.map(lambda ref: self._download(policy, ref, local), files))
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.local_dir / policy))
         try:
             if len(files) == 1 and files[0].base is None:
@@ -264,12 +270,22 @@ class WeightClient:
             raise CorruptError(f"rebuilt v{version} has sha256 {info.sha256}, the trainer "
                                f"published {manifest['model_sha256']}")
 
-    def _download(self, policy: str, ref: FileRef) -> Path:
-        """A verified local file for ``ref``, resuming a partial download if one exists."""
+    def _download(self, policy: str, ref: FileRef, local: Path | None = None) -> Path:
+        """A verified local file for ``ref``, resuming a partial download if one exists.
+
+        ``local``: the store's directory, seen from this machine: the file is linked (or
+        copied) from there, not downloaded and hashed again -- the store checked its
+        sha256 when the version was committed, and never changes a committed file. At
+        1 GB a version that is seconds of a refresh and of two shared cores.
+        """
         folder = self.local_dir / policy / ".downloads"
         folder.mkdir(parents=True, exist_ok=True)
         final, part = folder / ref.sha256, folder / f"{ref.sha256}.part"
         if final.is_file():
+            return final
+        if local is not None and _take_local(local / policy / f"v{ref.version}" / ref.name,
+                                             ref.bytes, part, final):
+            self.local_files += 1
             return final
         url = f"/v1/weights/{policy}/{ref.version}/files/{ref.name}"
         error: Exception | None = None
@@ -322,7 +338,10 @@ class HttpPublishTarget:
     same version again, or the data layer restarted -- sends only the rest. A chunk the
     data layer finds damaged is sent again; a commit that finds a whole file damaged
     drops it, and the file is sent again once. A data layer without chunked uploads gets
-    each file in one ``PUT``, as before.
+    each file in one ``PUT``, as before. With ``local_writes``, a publisher on the data
+    layer's machine (it finds the key the data layer names in the store's directory) puts
+    each file into the upload's place there itself -- a hard link to its staged file, or a
+    copy -- instead of sending it: the data layer checks its sha256 at the commit.
 
     Transport errors and 5xx are retried for ``retry_for`` seconds, as the trainer's data
     client does, so a publish rides through a data layer's restart (every call is
@@ -330,9 +349,12 @@ class HttpPublishTarget:
 
     def __init__(self, base_url: str, token: str, *, retries: int = 5,
                  timeout: float = 300.0, retry_for: float = 300.0,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, local_writes: bool = False) -> None:
         self.http = _Http(base_url, token, retries=retries, timeout=timeout,
                           retry_for=retry_for)
+        self.local_writes = local_writes
+        #: files put in place on disk rather than sent
+        self.local_files = 0
         #: the largest chunk this publisher sends (the data layer may ask for less)
         self.chunk_bytes = chunk_bytes
 
@@ -365,6 +387,11 @@ class HttpPublishTarget:
                               body=path, params={"sha256": sha256})
             return path.stat().st_size
         size = path.stat().st_size
+        local = status.get("local") if self.local_writes else None
+        if (_same_store(local) is not None and local is not None
+                and _put_local(path, Path(str(local["path"])))):
+            self.local_files += 1
+            return 0  # the data layer checks its sha256 at the commit
         chunk = max(1, min(self.chunk_bytes, int(status["max_chunk_bytes"])))
         held, sent, refusals = min(int(status["bytes"]), size), 0, 0
         done = size > 0  # an empty file is one empty chunk
@@ -414,6 +441,57 @@ def _hash_into(digest: Any, path: Path) -> None:
     with open(path, "rb") as f:
         while block := f.read(4 * _CHUNK):
             digest.update(block)
+
+
+def _same_store(local: Any) -> Path | None:
+    """The store's directory if this machine sees that very store (its key file holds
+    the key the data layer gave), else None."""
+    if not isinstance(local, dict):
+        return None
+    try:
+        root = Path(str(local["root"]))
+        if (root / LOCAL_KEY).read_text().strip() == str(local["key"]):
+            return root
+    except (OSError, KeyError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def _take_local(source: Path, size: int, part: Path, final: Path) -> bool:
+    """``source`` (a committed file of the store, ``size`` bytes) as ``final``: a hard
+    link, or a copy across file systems; False if it is gone (retention) or differs."""
+    try:
+        if source.stat().st_size != size:
+            return False
+        try:
+            os.link(source, final)
+        except FileExistsError:
+            pass
+        except OSError:  # another file system
+            shutil.copyfile(source, part)
+            os.replace(part, final)
+        return True
+    except OSError:
+        part.unlink(missing_ok=True)
+        return False
+
+
+def _put_local(source: Path, target: Path) -> bool:
+    """``source`` as the upload ``target`` in the store's directory: linked, or copied
+    across file systems, then renamed into place; False if that cannot be done."""
+    tmp = target.with_name(f".{target.name}.local")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+        return True
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
 
 
 def _place(downloaded: Path, target: Path) -> None:

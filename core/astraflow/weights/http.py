@@ -70,6 +70,7 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
     router = APIRouter(prefix="/v1/weights", tags=["weights"],
                        dependencies=[Depends(auth_dependency)])
     uploads = Uploads(store.root)
+    local_key = store.local_key()
     max_chunk = max(1, min(CHUNK_BYTES, max_body_bytes or CHUNK_BYTES))
 
     def guarded(fn: Callable[[], Any]) -> Any:
@@ -94,9 +95,11 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
             files = store.plan(policy, have, want)
             target = want if want is not None else store.latest(policy)
             assert target is not None  # plan() found a latest version
+            # a node on this machine that finds the key at root reads the files from disk
             return {"policy": policy, "have": have, "want": target,
                     "manifest": store.manifest(policy, target),
-                    "files": [f.to_dict() for f in files]}
+                    "files": [f.to_dict() for f in files],
+                    "local": {"root": str(store.root.resolve()), "key": local_key}}
         if store.latest(check_policy(policy)) is None:
             raise HTTPException(404, f"policy {policy!r} has no published version")
         return guarded(build)
@@ -155,8 +158,11 @@ def weights_router(store: WeightStore, auth_dependency: Callable[..., Any],
                       sha256: str = Query(..., pattern=SHA256)) -> dict[str, Any]:
         """How many bytes of the file with this sha256 are held, and the chunk size."""
         path = file_to_upload(policy, version, name)
+        # a trainer on this machine that finds the key at root puts the file at path
         return {"name": name, "sha256": sha256.lower(), "bytes": uploads.held(path, sha256),
-                "max_chunk_bytes": max_chunk, "max_file_bytes": max_upload_bytes}
+                "max_chunk_bytes": max_chunk, "max_file_bytes": max_upload_bytes,
+                "local": {"root": str(store.root.resolve()), "key": local_key,
+                          "path": str(path.resolve())}}
 
     @router.patch("/{policy}/{version}/uploads/{name}")
     async def upload_chunk(policy: str, version: int, name: str, request: Request,

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -32,6 +33,8 @@ from astraflow.weights._fs import atomic_file, fsync_dir, sha256_file
 from astraflow.weights.errors import CorruptError, VersionError
 
 MODEL_FILE = "model.safetensors"
+#: the store's key file (see :meth:`WeightStore.local_key`); no policy is named so
+LOCAL_KEY = ".local-key"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "astraflow-weights/1"
 _POLICY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -161,6 +164,18 @@ class WeightStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep_fulls = keep_fulls
         self._lock = threading.Lock()
+
+    def local_key(self) -> str:
+        """A random key in a file of the store's own (:data:`LOCAL_KEY`): a reader that
+        finds it at the store's path sees this very store, and may take its files from
+        disk instead of over HTTP."""
+        path = self.root / LOCAL_KEY
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            with atomic_file(path) as f:
+                f.write(secrets.token_hex(16).encode())
+            return path.read_text().strip()
 
     # -- reading ---------------------------------------------------------------
     def policies(self) -> list[str]:

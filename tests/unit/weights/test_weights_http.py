@@ -240,3 +240,63 @@ def test_a_version_damaged_on_the_server_is_refused_once_and_the_next_one_taken(
     version, path = client.newer("p", 1)
     assert version == 3 and same(st.load(path / MODEL_FILE)[0], third)
     client.close()
+
+
+def test_a_node_on_the_store_s_machine_takes_files_from_disk(server, tmp_path):
+    """With ``local_reads`` a client that sees the store's directory (its key file holds
+    the key the plan names) links the files instead of downloading them: no file request,
+    the same weights; one that does not see it downloads as before."""
+    publisher = WeightPublisher(server.store, "p", full_every=2)
+    models = [make_model()]
+    publisher.publish(1, models[0])
+    for v in range(2, 5):
+        models.append(step(models[-1], seed=v))
+        publisher.publish(v, models[-1])
+    with WeightClient(server.url, TOKEN, tmp_path / "near", local_reads=True) as near:
+        server.wrapper.log.clear()
+        version, path = near.sync("p")
+        assert version == 4 and same(st.load(path / MODEL_FILE)[0], models[-1])
+        assert near.local_files >= 1
+        assert not [p for p, _, _ in server.wrapper.log if "/files/" in p]
+        publisher.publish(5, step(models[-1], seed=5))  # a delta on top of the local copy
+        version, path = near.newer("p", 4)
+        assert version == 5 and not [p for p, _, _ in server.wrapper.log if "/files/" in p]
+    (server.store.root / ".local-key").write_text("another store's key")
+    with WeightClient(server.url, TOKEN, tmp_path / "far", local_reads=True) as far:
+        version, path = far.sync("p")
+        assert version == 5 and far.local_files == 0
+        assert [p for p, _, _ in server.wrapper.log if "/files/" in p]
+
+
+def test_a_trainer_on_the_store_s_machine_puts_versions_in_place(server, tmp_path, caplog):
+    """With ``local_writes`` the publisher puts its files where the upload goes instead
+    of sending them; the commit still checks each sha256, and a file damaged on the way
+    is refused, then sent again."""
+    target = HttpPublishTarget(server.url, TOKEN, local_writes=True)
+    publisher = WeightPublisher(target, "p", full_every=1)
+    models = [make_model()]
+    publisher.publish(1, models[0])
+    assert target.local_files == 1
+    assert server.wrapper.received("PATCH", MODEL_FILE) == 0  # nothing sent
+    with WeightClient(server.url, TOKEN, tmp_path / "node") as client:
+        assert same(st.load(client.sync("p").path / MODEL_FILE)[0], models[0])
+        original = target.upload
+
+        def damaging(policy, version, path, sha256):  # the first put arrives damaged
+            sent = original(policy, version, path, sha256)
+            if target.local_files == 2:
+                placed = next((server.store.root / policy).glob(f"*{version}*/{path.name}"))
+                data = bytearray(placed.read_bytes())
+                data[-1] ^= 1
+                placed.unlink()
+                placed.write_bytes(bytes(data))
+            return sent
+
+        target.upload = damaging
+        models.append(step(models[0], seed=2))
+        with caplog.at_level("WARNING"):
+            publisher.publish(2, models[-1])
+        assert "uploading again" in caplog.text  # refused at the commit, then put again
+        assert server.wrapper.received("PATCH", MODEL_FILE) == 0
+        assert same(st.load(client.sync("p").path / MODEL_FILE)[0], models[-1])
+    target.close()
