@@ -400,7 +400,9 @@ def trainer_part(cfg: DictConfig, policy: str, ckpt: Checkpoint, seq: int, gpu: 
     # a checkpoint is written between steps, when the activations are freed: the larger
     # of the two is the peak
     saved = (params + 2 * trained) * master
-    written = CHECKPOINT_COPIES * saved
+    # trainer=hf in one process writes its checkpoint from the tensors themselves; a
+    # sharded one (torch.distributed.checkpoint) serialises it in memory first
+    written = 0 if t.get("name") == "hf" and ranks == 1 else CHECKPOINT_COPIES * saved
     if not on_gpu or t.get("cpu_offload", False):
         if written > activations:
             terms.append(Term("checkpoint being written", written,
@@ -425,6 +427,10 @@ def trainer_part(cfg: DictConfig, policy: str, ckpt: Checkpoint, seq: int, gpu: 
     if not advice:
         advice.append("lower trainer.micro_batch_size")
     return Part(f"trainer-{policy}", tuple(terms), advice=", ".join(advice))
+
+
+#: what raas=hf holds of a version while loading it (its refresh's read buffer)
+HF_LOAD_CHUNK = 32 * 2**20
 
 
 def engine_terms(cfg: DictConfig, ckpt: Checkpoint, seq: int, gpu: bool,
@@ -452,6 +458,9 @@ def engine_terms(cfg: DictConfig, ckpt: Checkpoint, seq: int, gpu: bool,
             how = "raas.gpu_memory_utilization of the machine"
         return [weights, Term("KV cache", cache, how), loading,
                 Term("engine core", TORCH_PROCESS)]
+    if name == "hf":  # a refresh streams the file in, a chunk at a time
+        loading = Term("version being loaded", min(ckpt.parameters * export, HF_LOAD_CHUNK),
+                       "read a chunk at a time")
     if name == "hf" and _on_gpu(raas.get("device"), gpu):
         return [loading]
     if name == "sglang" and gpu:
