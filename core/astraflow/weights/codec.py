@@ -399,15 +399,22 @@ def layout_of(tensors: Mapping[str, st.Tensor]) -> dict[str, tuple[str, tuple[in
     return {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
 
 
-def make_delta(base: Mapping[str, st.Tensor], target: Mapping[str, st.Tensor]) -> dict[str, bytes]:
-    """Per-tensor deltas of the changed tensors; ValueError if names, dtypes or shapes differ."""
+def make_delta(base: Mapping[str, st.Tensor], target: Mapping[str, st.Tensor],
+               max_bytes: float | None = None) -> dict[str, bytes] | None:
+    """Per-tensor deltas of the changed tensors; ValueError if names, dtypes or shapes
+    differ. None as soon as the deltas pass ``max_bytes``: the rest is not encoded (nor
+    held: at 0.5B parameters a delta refused at the end weighed half a gigabyte)."""
     if layout_of(base) != layout_of(target):
         raise ValueError("tensor names, dtypes or shapes changed; publish a full snapshot")
     blobs = {}
+    total = 0
     for name, t in target.items():
         count, blob = _encode(base[name].data, t.data)
         if count:
             blobs[name] = blob
+            total += len(blob)
+            if max_bytes is not None and total > max_bytes:
+                return None
     return blobs
 
 

@@ -84,7 +84,8 @@ class WeightPublisher:
             assert self._previous is not None
             self.deltas_tried += 1
             try:
-                blobs = codec.make_delta(self._previous, tensors)
+                blobs = codec.make_delta(self._previous, tensors, self.max_delta_fraction
+                                         * sum(t.nbytes for t in tensors.values()))
             except ValueError:
                 blobs = None
         full_bytes = sum(t.nbytes for t in tensors.values())

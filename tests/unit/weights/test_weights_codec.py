@@ -219,3 +219,15 @@ def test_delta_needs_the_same_layout():
     target.pop("model.norm.weight")
     with pytest.raises(ValueError, match="full snapshot"):
         codec.make_delta(base, target)
+
+
+def test_a_delta_past_its_budget_stops_encoding():
+    """The publisher's budget (half a full snapshot by default): once the deltas pass
+    it, none is returned, so a refused delta is not encoded and held to the end."""
+    base = make_model()
+    target = step(base, seed=1)
+    blobs = codec.make_delta(base, target)
+    assert blobs
+    total = sum(len(b) for b in blobs.values())
+    assert codec.make_delta(base, target, max_bytes=total) == blobs
+    assert codec.make_delta(base, target, max_bytes=total - 1) is None
