@@ -286,6 +286,9 @@ class TrainerRuntime:
                     # the weights are published and the batch acknowledged while the next
                     # step trains (the trainer's thread uses its client only after wait())
                     behind.start(finish)
+                # the publish holds the snapshot alone and drops it when done: kept here
+                # too, a model's worth (1 GB at 0.5B) lived through the next whole step
+                weights = finish = None
                 t0 = time.time()
         except BaseException:
             if behind is not None:  # the trainer's own error is the one to report

@@ -251,21 +251,23 @@ class WeightClient:
     def _rebuild(self, current: Synced | None, files: list[FileRef], paths: list[Path],
                  out: Path, manifest: dict[str, Any]) -> None:
         if files[0].base is None:
-            tensors, _ = st.load(paths[0])
+            base = st.OnDisk(paths[0])
             version, deltas = files[0].version, list(zip(files[1:], paths[1:], strict=True))
         else:
             if current is None or files[0].base != current.version:
                 raise CorruptError("delta plan does not start from the local version")
-            tensors, _ = st.load(current.path / MODEL_FILE)
+            base = st.OnDisk(current.path / MODEL_FILE)
             version, deltas = current.version, list(zip(files, paths, strict=True))
+        chain = []
         for ref, path in deltas:
             delta = codec.load_delta_file(path)
             if delta.base_version != version or delta.target_version != ref.version:
                 raise CorruptError(f"delta {path.name} goes {delta.base_version}->"
                                    f"{delta.target_version}, expected {version}->{ref.version}")
-            codec.apply_delta_file(tensors, delta)
+            chain.append(delta)
             version = ref.version
-        info = st.save(out, tensors)
+        # a tensor at a time: the whole model was read into memory, patched and written
+        info = st.save(out, codec.Patched(base, chain))
         if info.sha256 != manifest["model_sha256"]:
             raise CorruptError(f"rebuilt v{version} has sha256 {info.sha256}, the trainer "
                                f"published {manifest['model_sha256']}")

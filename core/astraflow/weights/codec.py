@@ -30,7 +30,7 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,3 +457,35 @@ def apply_delta_file(tensors: dict[str, st.Tensor], delta: DeltaFile,
     jobs = [_Patch.of(tensors[name].data, blob) for name, blob in delta.blobs.items()]
     _patch_all([job.into(tensors[name].data) for job, name in zip(jobs, delta.blobs,
                                                                   strict=True)], threads)
+
+
+class Patched(Mapping[str, st.Tensor]):
+    """A version rebuilt a tensor at a time: each tensor of ``base`` (e.g. an
+    :class:`~astraflow.weights.safetensors_io.OnDisk` file) read when asked for, with the
+    ``deltas``' changes to it applied in order. Written with ``st.save``, the new version
+    never has more than one tensor in memory. Every blob is checked before its tensor is
+    patched; a corrupt one raises CorruptError while the file is written (and an
+    ``atomic_file`` leaves nothing behind)."""
+
+    def __init__(self, base: Mapping[str, st.Tensor], deltas: list[DeltaFile]) -> None:
+        self.base, self.deltas = base, deltas
+        self.layout = layout_of(base)
+        for delta in deltas:
+            if delta.layout != self.layout:
+                raise ValueError(f"delta {delta.base_version}->{delta.target_version} "
+                                 "expects another tensor layout than the local copy")
+
+    def __getitem__(self, name: str) -> st.Tensor:
+        t = self.base[name]
+        data = t.data if t.data.flags.writeable else t.data.copy()
+        for delta in self.deltas:
+            blob = delta.blobs.get(name)
+            if blob is not None:
+                _patch_all([_Patch.of(data, blob).into(data)], None)
+        return st.Tensor(t.dtype, t.shape, data)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.layout)
+
+    def __len__(self) -> int:
+        return len(self.layout)

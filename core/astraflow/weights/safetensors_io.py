@@ -126,11 +126,18 @@ def _header(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None) -
     if metadata:
         entries["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
     offset = 0
+    # a lazy mapping (OnDisk, a patched version) says its layout without reading a tensor
+    layout = getattr(tensors, "layout", None)
     for name in sorted(tensors):
-        t = tensors[name]
-        entries[name] = {"dtype": t.dtype, "shape": list(t.shape),
-                         "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
+        if layout is not None:
+            dtype, shape = layout[name]
+            nbytes = prod(shape) * RAW_DTYPES[dtype].itemsize
+        else:
+            t = tensors[name]
+            dtype, shape, nbytes = t.dtype, t.shape, t.nbytes
+        entries[name] = {"dtype": dtype, "shape": list(shape),
+                         "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     text = json.dumps(entries, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text

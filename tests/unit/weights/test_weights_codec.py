@@ -231,3 +231,30 @@ def test_a_delta_past_its_budget_stops_encoding():
     total = sum(len(b) for b in blobs.values())
     assert codec.make_delta(base, target, max_bytes=total) == blobs
     assert codec.make_delta(base, target, max_bytes=total - 1) is None
+
+
+def test_a_version_rebuilt_a_tensor_at_a_time_is_the_patched_one(tmp_path):
+    """``Patched`` over a file on disk and a chain of two deltas writes the same bytes as
+    patching the whole model in memory; a corrupt blob fails the write, leaving no file."""
+    from astraflow.weights import safetensors_io as st
+
+    models = [make_model()]
+    models += [step(models[0], seed=1)]
+    models += [step(models[1], seed=2)]
+    st.save(tmp_path / "v0.safetensors", models[0])
+    chain = []
+    for v in (1, 2):
+        codec.save_delta_file(tmp_path / f"d{v}.safetensors", v - 1, v, models[v],
+                              codec.make_delta(models[v - 1], models[v]))
+        chain.append(codec.load_delta_file(tmp_path / f"d{v}.safetensors"))
+    base = st.OnDisk(tmp_path / "v0.safetensors")
+    info = st.save(tmp_path / "v2.safetensors", codec.Patched(base, chain))
+    assert info == st.digest(models[2])
+    assert same(st.load(tmp_path / "v2.safetensors")[0], models[2])
+    name = next(iter(chain[1].blobs))
+    broken = bytearray(chain[1].blobs[name])
+    broken[len(broken) // 2] ^= 0xFF
+    chain[1].blobs[name] = np.frombuffer(bytes(broken), dtype=np.uint8)
+    with pytest.raises(CorruptError):
+        st.save(tmp_path / "bad.safetensors", codec.Patched(base, chain))
+    assert not (tmp_path / "bad.safetensors").exists()
