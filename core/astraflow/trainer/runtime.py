@@ -80,29 +80,13 @@ class TrainerRuntime:
     def _publish(self, publisher: Any, version: int, weights: dict[str, Any] | None = None
                  ) -> None:
         """Publish ``weights`` (a snapshot from ``export_weights``; default: take one now)."""
-        from astraflow.weights.safetensors_io import OnDisk, from_torch
+        from astraflow.weights.safetensors_io import from_torch
 
         weights = self.call("export_weights") if weights is None else weights
-        if isinstance(weights, OnDisk):
-            publisher.publish(version, weights, owned=True)
-            return
         # the snapshot is this publish's alone: its bits are shared, not copied, and the
         # publisher keeps them as the next delta's base
         publisher.publish(version, {name: from_torch(t, copy=False)
                                     for name, t in weights.items()}, owned=True)
-
-    def _spill(self, weights: dict[str, Any]) -> Any:
-        """The snapshot in a file of the trainer's, read back a tensor at a time by the
-        publish behind the next step: held in memory, it was a model's worth (1 GB at
-        0.5B) beside the next step's gradients. The next snapshot is taken only once
-        this publish ended, so one file serves."""
-        from astraflow.weights.safetensors_io import OnDisk, from_torch, save
-
-        path = self.work_dir / "trainer-weights" / f"{self.policy}.snapshot.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save(path, {name: from_torch(t, copy=False) for name, t in weights.items()},
-             durable=False)
-        return OnDisk(path)
 
     def _save(self, batch_id: str) -> None:
         started = time.monotonic()
@@ -283,8 +267,7 @@ class TrainerRuntime:
                     # one step's publish at a time, in order; waited for before the
                     # snapshot, so at most two are held (the last published, this one)
                     behind.wait()
-                # a snapshot: the next step may start
-                weights = self._spill(self.call("export_weights"))
+                weights = self.call("export_weights")  # a snapshot: the next step may start
                 t_saved = time.time()
                 if time.monotonic() - self.saved_at >= self._interval() or self.step >= steps:
                     self._save(batch.batch_id)
@@ -304,8 +287,8 @@ class TrainerRuntime:
                     # step trains (the trainer's thread uses its client only after wait())
                     behind.start(finish)
                 # the publish holds the snapshot alone and drops it when done: kept here
-                # too, it lived through the next whole step
-                del weights, finish
+                # too, a model's worth (1 GB at 0.5B) lived through the next whole step
+                weights = finish = None
                 t0 = time.time()
         except BaseException:
             if behind is not None:  # the trainer's own error is the one to report

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -152,23 +151,10 @@ def _chunks(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None) -
 
 
 def save(path: Path | str, tensors: Mapping[str, Tensor],
-         metadata: Mapping[str, str] | None = None, *, durable: bool = True) -> FileInfo:
-    """Write atomically; returns the sha256 and size of the bytes written.
-
-    ``durable=False``: renamed into place without waiting for the disk (a scratch file
-    a crash may lose: a gigabyte's fsync is seconds)."""
+         metadata: Mapping[str, str] | None = None) -> FileInfo:
+    """Write atomically; returns the sha256 and size of the bytes written."""
     h, size = hashlib.sha256(), 0
-    path = Path(path)
-    if not durable:
-        tmp = path.with_name(f".{path.name}.scratch")
-        with tmp.open("wb") as f:
-            for chunk in _chunks(tensors, metadata):
-                h.update(chunk)
-                f.write(chunk)
-                size += len(chunk)
-        os.replace(tmp, path)
-        return FileInfo(h.hexdigest(), size)
-    with atomic_file(path) as f:
+    with atomic_file(Path(path)) as f:
         for chunk in _chunks(tensors, metadata):
             h.update(chunk)
             f.write(chunk)
