@@ -288,7 +288,7 @@ class TrainerRuntime:
                     behind.start(finish)
                 # the publish holds the snapshot alone and drops it when done: kept here
                 # too, a model's worth (1 GB at 0.5B) lived through the next whole step
-                weights = finish = None
+                del weights, finish
                 t0 = time.time()
         except BaseException:
             if behind is not None:  # the trainer's own error is the one to report
