@@ -134,7 +134,7 @@ def _copy(f: BinaryIO, e: Entry, target: torch.Tensor, buffer: torch.Tensor,
 def _read(f: BinaryIO, into: memoryview) -> None:
     got = 0
     while got < len(into):
-        n = f.readinto(into[got:])
+        n = f.readinto(into[got:])  # type: ignore[attr-defined]
         if not n:
             raise ValueError("the file is cut short")
         got += n
