@@ -55,8 +55,10 @@ def grouped_batch(model_dir: str, groups: int = 6, size: int = 5, seed: int = 0)
 
 def backend(model_dir: str, **settings: Any) -> HFTrainerBackend:
     torch.manual_seed(0)
-    return HFTrainerBackend(OmegaConf.merge(OmegaConf.structured(HFConfig()), settings),
+    made = HFTrainerBackend(OmegaConf.merge(OmegaConf.structured(HFConfig()), settings),
                             model_dir)
+    made.keep_gradients = True  # the tests compare the last step's gradients
+    return made
 
 
 def test_a_group_s_prompt_is_computed_once(tiny_model_dir: str) -> None:
