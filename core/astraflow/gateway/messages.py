@@ -60,6 +60,16 @@ def _result_text(block: dict[str, Any], where: str) -> str:
     return "".join(texts)
 
 
+def _system_text(blocks: list[dict[str, Any]], where: str) -> str:
+    """System text blocks joined (their ``cache_control`` marks are hints: the engines
+    keep prefixes by themselves)."""
+    for k, b in enumerate(blocks):
+        if b.get("type") != "text" or not isinstance(b.get("text", ""), str):
+            raise MessagesError(f"{where}.content[{k}]: system content takes text blocks",
+                                "system" if where == "system" else "messages")
+    return "".join(str(b.get("text", "")) for b in blocks)
+
+
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     out, texts = [], []
     for k, block in enumerate(blocks):
@@ -117,15 +127,18 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     system = body.get("system")
     if system:
         chat_messages.append({"role": "system", "content": system if isinstance(system, str)
-                              else "".join(str(b.get("text", ""))
-                                           for b in _blocks(system, "system"))})
+                              else _system_text(_blocks(system, "system"), "system")})
     for k, m in enumerate(messages):
         where = f"messages.{k}"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise MessagesError(f"{where}.role must be 'user' or 'assistant'", "messages")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise MessagesError(f"{where}.role must be 'user', 'assistant' or 'system'",
+                                "messages")
         blocks = _blocks(m.get("content"), where)
         if m["role"] == "user":
             chat_messages += _user(blocks, where)
+        elif m["role"] == "system":  # a harness's mid-conversation instructions (Claude
+            # Code's reminders): a system turn where it stands, as the template renders one
+            chat_messages.append({"role": "system", "content": _system_text(blocks, where)})
         else:
             chat_messages.append(_assistant(blocks, where))
     stops = body.get("stop_sequences")

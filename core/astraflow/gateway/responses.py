@@ -13,6 +13,7 @@ format, which is the chat completions API's.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -22,6 +23,20 @@ from astraflow.gateway.tools import function_tool
 
 #: what an ``input`` item's content part may be (text only: the engines take text)
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+#: hosted tools the API runs itself: not offered to the model here (no search, files,
+#: images or computer behind this endpoint), so a harness that lists them goes on
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "image_generation",
+                "code_interpreter", "computer_use_preview", "computer", "mcp", "tool_search",
+                "local_shell", "shell", "apply_patch")
+#: a custom (freeform) tool is offered as a function of one string argument
+CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}},
+                 "required": ["input"]}
+#: a request's max_output_tokens when it names none (the gateway's cap and the context
+#: length lower it)
+UNNAMED_MAX_TOKENS = 1 << 20
+#: input items a harness keeps in its history that hold nothing for the model
+SKIPPED_ITEMS = ("reasoning", "web_search_call", "file_search_call", "image_generation_call",
+                 "compaction", "item_reference")
 
 
 class ResponsesError(ValueError):
@@ -66,13 +81,16 @@ def to_chat(body: dict[str, Any], previous: list[dict[str, Any]] | None
         raise ResponsesError("'instructions' must be a string", "instructions")
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + convo
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages,
-                            "tools": _tools(body.get("tools")),
+                            "tools": _tools(body.get("tools"))[0],
                             "tool_choice": "none" if body.get("tool_choice") == "none"
                             else "auto"}
     for ours, theirs in (("max_tokens", "max_output_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p")):
         if body.get(theirs) is not None:
             chat[ours] = body[theirs]
+    # none named: as long as the model writes (Codex names none), up to the context and
+    # agent.max_tokens_cap, as OpenAI's API answers it
+    chat.setdefault("max_tokens", UNNAMED_MAX_TOKENS)
     return chat, convo
 
 
@@ -85,8 +103,13 @@ def _add_item(convo: list[dict[str, Any]], item: dict[str, Any], where: str) -> 
                                  "input")
         convo.append({"role": "system" if role == "developer" else role,
                       "content": _text(item.get("content"), where)})
-    elif kind == "function_call":
+    elif kind in ("function_call", "custom_tool_call"):
         name, arguments = item.get("name"), item.get("arguments", "{}")
+        if kind == "custom_tool_call":  # its freeform input, as the function's argument
+            if not isinstance(item.get("input", ""), str):
+                raise ResponsesError(f"{where}: a custom_tool_call's 'input' is a string",
+                                     "input")
+            arguments = json.dumps({"input": item.get("input", "")})
         if not isinstance(name, str) or not isinstance(arguments, str):
             raise ResponsesError(f"{where}: a function_call needs a 'name' and 'arguments' "
                                  "(a JSON string)", "input")
@@ -99,35 +122,53 @@ def _add_item(convo: list[dict[str, Any]], item: dict[str, Any], where: str) -> 
                 last["content"] = None
         else:
             convo.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif kind == "function_call_output":
+    elif kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         convo.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
                       "content": _text(output, where) if isinstance(output, list)
                       else str(output if output is not None else "")})
-    elif kind != "reasoning":  # this endpoint's models write no reasoning items
+    elif kind not in SKIPPED_ITEMS:  # this endpoint's models write no reasoning items
         raise ResponsesError(f"{where} is of type {kind!r}: this endpoint takes message, "
-                             "function_call and function_call_output items", "input")
+                             "function_call, custom_tool_call and their output items",
+                             "input")
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
+def _tools(tools: Any, where: str = "tools") -> tuple[list[dict[str, Any]] | None, set[str]]:
+    """The request's tools as chat functions, and the names of its custom tools:
+    function tools as they are, a namespace's tools as its own, custom tools as a
+    function of one string (``input``), hosted tools (:data:`HOSTED_TOOLS`) left out."""
     if tools is None:
-        return None
+        return None, set()
     if not isinstance(tools, list):
-        raise ResponsesError("'tools' must be a list", "tools")
-    out = []
+        raise ResponsesError(f"'{where}' must be a list", "tools")
+    out: list[dict[str, Any]] = []
+    custom: set[str] = set()
     for k, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or \
-                not isinstance(tool.get("name"), str):
-            raise ResponsesError(f"tools[{k}]: this endpoint takes function tools "
-                                 "({'type': 'function', 'name': ..., 'parameters': ...})",
-                                 "tools")
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in HOSTED_TOOLS:
+            continue
+        if not isinstance(tool, dict) or kind not in ("function", "custom", "namespace") \
+                or not isinstance(tool.get("name"), str):
+            raise ResponsesError(f"{where}[{k}]: this endpoint takes function, custom and "
+                                 "namespace tools ({'type': 'function', 'name': ..., "
+                                 f"'parameters': ...}}); hosted tools ({', '.join(HOSTED_TOOLS)})"
+                                 " are left out", "tools")
+        if kind == "namespace":
+            inner, inner_custom = _tools(tool.get("tools") or [], f"{where}[{k}].tools")
+            out += inner or []
+            custom |= inner_custom
+            continue
+        if kind == "custom":
+            custom.add(tool["name"])
         out.append(function_tool(tool["name"], tool.get("description"),
-                                 tool.get("parameters")))
-    return out or None
+                                 CUSTOM_SCHEMA if kind == "custom" else tool.get("parameters")))
+    return out or None, custom
 
 
-def output_items(reply: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat reply message as the Responses API's output items."""
+def output_items(reply: dict[str, Any], custom: set[str] | frozenset[str] = frozenset()
+                 ) -> list[dict[str, Any]]:
+    """A chat reply message as the Responses API's output items (a call of one of the
+    ``custom`` tools as a ``custom_tool_call`` with its freeform ``input``)."""
     out: list[dict[str, Any]] = []
     if reply.get("content"):
         out.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
@@ -135,10 +176,24 @@ def output_items(reply: dict[str, Any]) -> list[dict[str, Any]]:
                     "content": [{"type": "output_text", "text": reply["content"],
                                  "annotations": [], "logprobs": []}]})
     for call in reply.get("tool_calls") or []:
+        if call["function"]["name"] in custom:
+            out.append({"type": "custom_tool_call", "id": f"ctc_{uuid.uuid4().hex}",
+                        "call_id": call["id"], "name": call["function"]["name"],
+                        "input": _custom_input(call["function"]["arguments"]),
+                        "status": "completed"})
+            continue
         out.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}",
                     "call_id": call["id"], "name": call["function"]["name"],
                     "arguments": call["function"]["arguments"], "status": "completed"})
     return out
+
+
+def _custom_input(arguments: str) -> str:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return str(value.get("input", "")) if isinstance(value, dict) else arguments
 
 
 def response(body: dict[str, Any], role: str, reply: dict[str, Any], finish: str,
@@ -148,7 +203,7 @@ def response(body: dict[str, Any], role: str, reply: dict[str, Any], finish: str
     return {
         "id": response_id, "object": "response", "created_at": int(time.time()),
         "status": "incomplete" if incomplete else "completed", "model": role,
-        "output": output_items(reply),
+        "output": output_items(reply, _tools(body.get("tools"))[1]),
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "error": None, "instructions": body.get("instructions"),
         "metadata": body.get("metadata") or {}, "parallel_tool_calls": True,
@@ -184,6 +239,12 @@ def stream_events(resp: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             emit("response.output_text.delta", **where, delta=part["text"], logprobs=[])
             emit("response.output_text.done", **where, text=part["text"], logprobs=[])
             emit("response.content_part.done", **where, part=part)
+        elif item["type"] == "custom_tool_call":
+            emit("response.output_item.added", output_index=index,
+                 item={**item, "status": "in_progress", "input": ""})
+            where = {"item_id": item["id"], "output_index": index}
+            emit("response.custom_tool_call_input.delta", **where, delta=item["input"])
+            emit("response.custom_tool_call_input.done", **where, input=item["input"])
         else:
             emit("response.output_item.added", output_index=index,
                  item={**item, "status": "in_progress", "arguments": ""})

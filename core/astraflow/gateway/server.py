@@ -17,6 +17,7 @@ one content chunk once it is complete.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -66,6 +67,8 @@ class GatewaySettings:
     advertise_host: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     max_tokens: int = 16  # when a request names none
+    #: a request's max_tokens above it is lowered to it (a harness asks 128k a reply)
+    max_tokens_cap: int | None = None
     temperature: float = 1.0  # when a request names none
     tool_parser: str = "auto"
     max_n: int = 16
@@ -76,6 +79,7 @@ _ROUTES = {"/v1/chat/completions": ("POST", "_chat"),
            "/v1/completions": ("POST", "_completions"),
            "/v1/responses": ("POST", "_responses"),
            "/v1/messages": ("POST", "_messages"),
+           "/v1/messages/count_tokens": ("POST", "_count_tokens"),
            "/v1/models": ("GET", "_models")}
 #: the route whose errors are in Anthropic's format
 _MESSAGES = "/v1/messages"
@@ -138,6 +142,8 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.parser = resolve_parser(self.settings.tool_parser, tokenizer.chat_template)
         self.sessions: dict[str, Session] = {}
+        #: how many calls were answered with each HTTP status (errors are logged too)
+        self.answered: collections.Counter[int] = collections.Counter()
         self.url = ""
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -205,6 +211,7 @@ class Gateway:
             session = self._session(headers)
             body = await self._body(headers, receive) if method == "POST" else {}
             reply = await getattr(self, handler)(session, body)
+            self.answered[200] += 1
         except GatewayError as exc:
             reply = self._error(scope["path"], exc)
         except Exception as exc:  # a bug here: the agent gets a 500 saying what
@@ -213,10 +220,11 @@ class Gateway:
                 500, f"{type(exc).__name__}: {exc}", kind="server_error"))
         await reply(send)
 
-    @staticmethod
-    def _error(path: str, exc: GatewayError) -> Any:
-        """An error as the API the route belongs to writes one."""
-        if path.rstrip("/") == _MESSAGES:
+    def _error(self, path: str, exc: GatewayError) -> Any:
+        """An error as the API the route belongs to writes one; counted and logged."""
+        self.answered[exc.status] += 1
+        log.warning("gateway: %s answered %d: %s", path, exc.status, exc.message)
+        if path.rstrip("/").startswith(_MESSAGES):
             return _json(messages_api.error_body(exc.status, exc.message), exc.status)
         return _json({"error": {"message": exc.message, "type": exc.kind,
                                 "param": exc.param, "code": None}}, exc.status)
@@ -284,6 +292,8 @@ class Gateway:
         requested = body.get("max_completion_tokens", body.get("max_tokens"))
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         max_tokens = _number({key: requested}, key, s.max_tokens, 1, 1 << 20, integer=True)
+        if s.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, s.max_tokens_cap)
         if limit is not None:
             max_tokens = min(max_tokens, limit - prompt_len)
         stop = body.get("stop")
@@ -456,6 +466,22 @@ class Gateway:
         if body.get("stream"):
             return _events(messages_api.stream_events(msg), done=False)
         return _json(msg)
+
+    async def _count_tokens(self, session: Session, body: dict[str, Any]) -> Any:
+        """``POST /v1/messages/count_tokens``: the prompt's tokens as the engine would
+        see them (the request's messages, system and tools rendered by the template)."""
+        try:
+            chat = messages_api.to_chat({**body, "max_tokens": 1})
+        except messages_api.MessagesError as exc:
+            raise _bad(str(exc), exc.param) from exc
+        self._role(session, chat)
+        try:
+            rendered = render_messages(self.tokenizer, chat["messages"], chat["tools"])
+            count = len(self.tokenizer.encode(rendered))
+        except Exception as exc:
+            raise _bad(f"the chat template cannot render these messages: {exc}",
+                       "messages") from exc
+        return _json({"input_tokens": count})
 
     async def _completions(self, session: Session, body: dict[str, Any]) -> Any:
         role = self._role(session, body)

@@ -69,6 +69,9 @@ class AgentConfig:
     credit: str = setting("final", choices=CREDIT)
     discount: float = setting(1.0, ge=0, le=1)
     max_tokens: int = setting(16, ge=1)  # when a request names none
+    #: a request's max_tokens above it is lowered to it (Claude Code asks 128k a reply,
+    #: and a rollout's length is the run's to choose); null: the context length alone
+    max_tokens_cap: int | None = setting(None, ge=1)
     temperature: float = setting(1.0, ge=0)  # when a request names none
     tool_parser: str = setting("auto", choices=PARSERS)
     host: str = "127.0.0.1"
@@ -268,6 +271,7 @@ class AgentWorkflow(Workflow):
                 settings = GatewaySettings(
                     host=c.host, port=c.port, advertise_host=c.advertise_host,
                     max_body_bytes=c.max_body_bytes, max_tokens=c.max_tokens,
+                    max_tokens_cap=c.max_tokens_cap,
                     temperature=c.temperature, tool_parser=c.tool_parser)
                 gateway = Gateway(self.tokenizer, settings)
                 await gateway.start()

@@ -66,6 +66,11 @@ class ClientConfig:
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
                 "ANTHROPIC_BASE_URL": self.anthropic_base_url,
                 "ANTHROPIC_API_KEY": self.api_key,
+                # Claude Code asks for its own model names unless these name one served
+                "ANTHROPIC_MODEL": self.model, "ANTHROPIC_SMALL_FAST_MODEL": self.model,
+                "ANTHROPIC_DEFAULT_OPUS_MODEL": self.model,
+                "ANTHROPIC_DEFAULT_SONNET_MODEL": self.model,
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": self.model,
                 "ASTRAFLOW_MODEL": self.model, "ASTRAFLOW_MODELS": ",".join(self.models)}
 
 
