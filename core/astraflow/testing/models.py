@@ -162,7 +162,8 @@ _CHAT_LINES = (
 )
 
 
-def build_chat_tokenizer(corpus: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def build_chat_tokenizer(corpus: Sequence[str], vocab_size: int,
+                         context: int | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on ``corpus`` with ChatML specials as its last three ids.
 
     Its normalizer and pre-tokenizer are Qwen's (NFC, :data:`QWEN_SPLIT`, then bytes):
@@ -220,11 +221,12 @@ def build_chat_tokenizer(corpus: Sequence[str], vocab_size: int) -> PreTrainedTo
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=_SHAPE["max_position_embeddings"],
+        model_max_length=context or _SHAPE["max_position_embeddings"],
     )
 
 
-def _chat_config(arch: str, vocab_size: int, eos: int, pad: int) -> Any:
+def _chat_config(arch: str, vocab_size: int, eos: int, pad: int,
+                 context: int | None = None) -> Any:
     from transformers import (
         LlamaConfig,
         MistralConfig,
@@ -236,6 +238,7 @@ def _chat_config(arch: str, vocab_size: int, eos: int, pad: int) -> Any:
 
     common = {
         **_SHAPE,
+        "max_position_embeddings": context or _SHAPE["max_position_embeddings"],
         "vocab_size": vocab_size,
         "bos_token_id": None,
         "eos_token_id": eos,
@@ -288,6 +291,7 @@ def make_chat_model(
     seed: int = 0,
     corpus: Sequence[str] | None = None,
     vocab_size: int = 400,
+    context: int | None = None,
 ) -> str:
     """A Qwen2/Qwen3/Llama/Mistral checkpoint with a ChatML BPE tokenizer; returns the dir.
     ``qwen3_moe`` and ``mixtral`` (:data:`MOE_ARCHS`) make mixture-of-experts ones, stored
@@ -299,6 +303,8 @@ def make_chat_model(
     its embeddings and qwen2/qwen3 share one KV head between both query heads, so both
     code paths run; llama and mistral are untied with a KV head per query head (their
     parameters have the same names and shapes, so one seed gives both the same numbers).
+    ``context``: the context length (default 1024; agent harnesses' prompts take tens of
+    thousands of tokens).
     """
     if arch not in CHAT_ARCHS + MOE_ARCHS:
         raise ValueError(f"arch={arch!r} is not one of {', '.join(CHAT_ARCHS + MOE_ARCHS)}")
@@ -311,14 +317,16 @@ def make_chat_model(
         "vocab_size": vocab_size,
         "corpus_sha256": hashlib.sha256(json.dumps(lines).encode()).hexdigest(),
         "versions": _versions(),
+        **({"context": context} if context else {}),
     }
 
     def write(tmp: Path) -> None:
         from transformers import GenerationConfig
 
-        tokenizer = build_chat_tokenizer(lines, vocab_size)
+        tokenizer = build_chat_tokenizer(lines, vocab_size, context)
         im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT))
-        model = _random_model(_chat_config(arch, vocab_size, eos=im_end, pad=endoftext), seed)
+        model = _random_model(_chat_config(arch, vocab_size, eos=im_end, pad=endoftext,
+                                           context=context), seed)
         model.generation_config = GenerationConfig(
             bos_token_id=None, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
         )
