@@ -37,7 +37,9 @@ Per rollout node and per evaluator, one engine per policy (one for all with LoRA
 - ``raas=hf``: weights in ``raas.dtype`` (``auto``: the dtype the checkpoint's
   ``config.json`` declares, float32 when it declares none) + the keys and values of
   ``min(max_batch_size, node_concurrency x group_size)`` sequences (layers x 2 x
-  key-value width x ``raas.dtype`` bytes a token) + the last position's logits twice;
+  key-value width x ``raas.dtype`` bytes a token) + the last position's logits twice
+  (+ ``raas.prefix_cache_gib``, at most that cache again, when sequences reach
+  ``raas.prefix_cache_min_tokens``);
 - ``raas=vllm``: weights in ``raas.dtype`` + its KV cache (``raas.kv_cache_gib``; unset,
   ``VLLM_CPU_KVCACHE_SPACE`` GiB, else ``gpu_memory_utilization`` of the machine) + its
   engine-core process;
@@ -469,8 +471,14 @@ def engine_terms(cfg: DictConfig, ckpt: Checkpoint, seq: int, gpu: bool,
                 int(cfg.node_concurrency) * int(cfg.group_size))
     cache = batch * seq * ckpt.layers * 2 * ckpt.kv_width * engine
     logits = batch * ckpt.vocab * 4 * 2
-    return [weights, Term("KV cache", cache + logits, f"{batch} sequences x {seq} tokens"),
-            loading]
+    terms = [weights, Term("KV cache", cache + logits, f"{batch} sequences x {seq} tokens"),
+             loading]
+    kept = float(raas.get("prefix_cache_gib", 0.0) or 0.0)
+    if kept > 0 and seq >= int(raas.get("prefix_cache_min_tokens", 1024)):
+        # past turns' keys and values, kept for a conversation's next turn
+        terms.append(Term("prefix cache", min(int(kept * GIB), cache),
+                          "raas.prefix_cache_gib"))
+    return terms
 
 
 def node_count(cfg: DictConfig) -> int:

@@ -19,11 +19,20 @@ class HFConfig:
     dtype: str = setting("auto", choices=("auto", "float32", "bfloat16"))
     #: sequences per forward pass (after expanding n)
     max_batch_size: int = setting(256, ge=1)
+    #: padded prompt tokens per forward pass (rows x the longest prompt; a prompt longer
+    #: than this runs alone): a left-padded batch's attention mask grows as rows x
+    #: width^2, and four 35k-token agent-harness prompts in one batch took 22 GB
+    max_batch_tokens: int = setting(16384, ge=1)
     num_threads: int = setting(1, ge=1)  # torch intra-op threads of this engine
     device: str = "auto"  # auto (the first CUDA device if any, else cpu) | cpu | cuda[:N]
     #: samples of one prompt (a GRPO group) share one prefill: the prompt runs through
     #: the model once and its keys and values are copied to each sample's row
     shared_prefix: bool = True
+    #: a conversation's next turn reuses its last turn's keys and values: the KV caches
+    #: of generations whose prompt has at least prefix_cache_min_tokens tokens are kept,
+    #: up to prefix_cache_gib in all (0: none kept), until new weights arrive
+    prefix_cache_gib: float = setting(0.5, ge=0)
+    prefix_cache_min_tokens: int = setting(1024, ge=1)
 
 
 def check_config(config) -> None:

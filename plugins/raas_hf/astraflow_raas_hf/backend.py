@@ -35,6 +35,8 @@ from astraflow.raas.pausable import Pausable
 from astraflow.routing import from_array
 from astraflow.types import Generation, GenerationRequest, RoutedExperts
 from astraflow_raas_hf import check_config, streaming
+from astraflow_raas_hf.batching import chunks
+from astraflow_raas_hf.prefix_cache import PrefixCache
 
 #: ``raas.dtype`` as resolved (``auto``: the checkpoint's own, which may be float16)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -111,6 +113,10 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         #: router replay: records the experts every MoE layer routed each position to
         self._record_routing = False
         self._recorder: Recorder | None = None
+        #: long prompts' KV caches, for the next turn of the same conversation
+        budget = int(float(getattr(config, "prefix_cache_gib", 0.0)) * (1 << 30))
+        self.prefixes = PrefixCache(budget, int(getattr(config, "prefix_cache_min_tokens",
+                                                        1024))) if budget > 0 else None
 
     def record_routing(self) -> None:
         self._record_routing = True
@@ -184,15 +190,20 @@ class HFRolloutBackend(Pausable, RolloutBackend):
             groups[(req.temperature, req.top_p, tuple(req.stop_token_ids),
                     req.adapter)].append(i)
         out: list[list[Generation]] = [[] for _ in requests]
-        limit = max(1, self.config.max_batch_size)
         for indices in groups.values():
-            rows = [(i, k) for i in indices for k in range(requests[i].n)]
-            for start in range(0, len(rows), limit):
-                chunk = rows[start : start + limit]
-                gens = self._generate_rows([requests[i] for i, _ in chunk])
-                for (i, _), gen in zip(chunk, gens, strict=True):
+            rows = [i for i in indices for _ in range(requests[i].n)]
+            for chunk in self._chunks(rows, requests):
+                gens = self._generate_rows([requests[i] for i in chunk])
+                for i, gen in zip(chunk, gens, strict=True):
                     out[i].append(gen)
         return out
+
+    def _chunks(self, rows: list[int], requests: list[GenerationRequest]) -> list[list[int]]:
+        """``rows`` (request indices) cut into forward passes (:func:`.batching.chunks`)."""
+        cut = chunks([len(requests[i].prompt_ids) for i in rows],
+                     max(1, self.config.max_batch_size),
+                     int(getattr(self.config, "max_batch_tokens", 1 << 62)))
+        return [[rows[k] for k in chunk] for chunk in cut]
 
     @torch.inference_mode()
     def _generate_rows(self, rows: list[GenerationRequest]) -> list[Generation]:
@@ -236,10 +247,22 @@ class HFRolloutBackend(Pausable, RolloutBackend):
         recorder = self._recorder
         # recorded routing covers every position of every row: no shared prefill pass
         cache = None if recorder else self._prefill(model, rows, input_ids, attention)
+        # one conversation's next turn: its earlier turn's keys and values, if kept
+        reuse = (cache is None and recorder is None and len(rows) == 1
+                 and first.adapter is None and self.prefixes is not None)
+        if reuse:
+            assert self.prefixes is not None
+            hit = self.prefixes.take(first.prompt_ids, version)
+            cache = None if hit is None else hit[1]
         recording = recorder.recording() if recorder else contextlib.nullcontext()
         with recording:
             generated = self._run_generate(model, cache, swaps, input_ids, attention, rows,
                                            greedy, stop, pad)
+        if reuse and not self._switches and generated.past_key_values is not None:
+            assert self.prefixes is not None
+            kept = generated.past_key_values
+            self.prefixes.put(tuple(generated.sequences[0, :kept.get_seq_length()].tolist()),
+                              kept, version)
         routed = self._routed(recorder, rows, width) if recorder else None
         new_tokens = generated.sequences[:, width:]
         logits = torch.stack(generated.logits, dim=1).float()

@@ -110,3 +110,55 @@ def test_auto_holds_a_checkpoint_in_its_own_dtype(tiny_model_dir, tmp_path):
     assert held(bf16) == {torch.bfloat16}
     assert held(tiny_model_dir) == {torch.float32}
     assert held(bf16, dtype="float32") == {torch.float32}
+
+
+def test_a_conversations_next_turn_reuses_its_last_turns_keys(chat_model_dir, tmp_path):
+    """``raas.prefix_cache_gib``: a prompt that extends an earlier generation (history,
+    the reply, a new turn) runs only its new tokens on that generation's kept cache, and
+    samples what a cold engine samples (greedy: the same tokens, log-probs to rounding);
+    new weights make the kept caches stale."""
+    import random
+
+    import pytest
+
+    from astraflow.plugins import get_registry
+    from astraflow.testing.engine import LoopThread
+    from astraflow.testing.rollout import perturbed_copy
+    from astraflow.types import GenerationRequest
+
+    entry = get_registry().get("rollout_backend", "hf")
+    rng = random.Random(0)
+    first = [rng.randrange(3, 300) for _ in range(300)]
+    later = [rng.randrange(3, 300) for _ in range(40)]
+
+    def conversation(gib: float) -> tuple[list, object]:
+        backend = entry.create(entry.config_cls(prefix_cache_gib=gib,
+                                                prefix_cache_min_tokens=64), chat_model_dir)
+        loop = LoopThread()
+        loop.run(backend.start())
+        try:
+            out = []
+            prompt = first
+            for _ in range(3):
+                (gen,) = loop.run(backend.generate(GenerationRequest(
+                    prompt_ids=prompt, max_new_tokens=8, temperature=0.0)))
+                out.append(gen)
+                prompt = prompt + gen.token_ids + later
+            if gib:
+                hits = backend.prefixes.hits
+                loop.run(backend.load_weights(str(perturbed_copy(
+                    chat_model_dir, tmp_path / "new", scale=0.05)), backend.version + 1))
+                loop.run(backend.generate(GenerationRequest(prompt_ids=prompt,
+                                                            max_new_tokens=2)))
+                assert backend.prefixes.hits == hits  # stale after new weights
+            return out, backend.prefixes
+        finally:
+            loop.run(backend.shutdown())
+            loop.close()
+
+    warm, prefixes = conversation(0.5)
+    cold, none = conversation(0.0)
+    assert none is None and prefixes.hits == 2  # turns 2 and 3
+    for a, b in zip(warm, cold, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
