@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -57,4 +58,44 @@ def install_harness(command: str, timeout: float = 600.0) -> Path:
     return binary
 
 
-__all__ = ["HARNESSES", "HarnessUnavailable", "install_harness"]
+def make_terse_chat_model(out_dir: str | os.PathLike[str], context: int = 131072,
+                          steps: int = 150) -> str:
+    """The chat fixture's shape and tokenizer with a ``context``-token context, taught in
+    ``steps`` supervised steps to answer any chat turn with ``hi`` and its end-of-turn
+    token: a harness driven by it gets a short, finished reply at every turn (a random
+    model writes ~400 tokens before it ends one, and a harness fails a reply cut at its
+    limit). Built once, cached like the other fixtures."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from astraflow.testing import models
+
+    base = models.make_chat_model(Path(out_dir).with_name(Path(out_dir).name + "-base"),
+                                  arch="qwen2", seed=0, context=context)
+    fingerprint = {"format": 1, "kind": "terse-chat", "base": json.loads(
+        (Path(base) / models._STAMP).read_text())["weights_sha256"], "steps": steps}
+
+    def write(tmp: Path) -> None:
+        shutil.copytree(base, tmp, dirs_exist_ok=True)
+        (tmp / models._STAMP).unlink()
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        rng = random.Random(0)
+        words = [w for line in models.default_corpus() for w in line.split()]
+        target = tokenizer.encode("hi" + models.IM_END, add_special_tokens=False)
+        examples = []
+        def text_of(most: int) -> str:
+            return " ".join(rng.choices(words, k=rng.randint(1, most)))
+
+        for _ in range(512):
+            turns = [{"role": "system", "content": text_of(30)},
+                     {"role": "user", "content": text_of(12)}]
+            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True,
+                                                 tokenize=False)
+            examples.append((tokenizer.encode(text, add_special_tokens=False), target))
+        models.sft_warmstart(tmp, examples, steps=steps, lr=3e-3, batch=16)
+
+    return models._build(Path(out_dir), fingerprint, write)
+
+
+__all__ = ["HARNESSES", "HarnessUnavailable", "install_harness", "make_terse_chat_model"]

@@ -51,6 +51,17 @@ def chat_model_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def long_chat_model_dir() -> str:
+    """``chat_model_dir``'s shape and tokenizer with a 128k-token context: agent
+    harnesses' prompts (Claude Code's, Codex's) are 26-35k of its tokens (random
+    weights; shared and cached as ``chat_model_dir``)."""
+    from astraflow.testing.models import make_chat_model
+
+    return make_chat_model(_models_cache() / "test-chat-qwen2-128k-seed0", arch="qwen2",
+                           seed=0, context=131072)
+
+
+@pytest.fixture(scope="session")
 def moe_model_dir() -> str:
     """A Qwen3-MoE checkpoint (four experts, two routed to a token, in both layers) with
     ``chat_model_dir``'s tokenizer, stored as Qwen3-30B-A3B is: one matrix per expert
