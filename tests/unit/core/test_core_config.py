@@ -52,7 +52,8 @@ def test_option_fields_can_be_overridden():
 
 @pytest.mark.parametrize(("override", "said"), [
     ("+raas.nonsense=1", "raas.nonsense is not a setting; raas has: device, dtype, "
-     "max_batch_size, name, num_threads, shared_prefix"),
+     "max_batch_size, max_batch_tokens, name, num_threads, prefix_cache_gib, "
+     "prefix_cache_min_tokens, shared_prefix"),
     ("+nonsense=1", "nonsense is not a setting"),
     ("+model.hiden_size=3", "model.hiden_size is not a setting; model has: hidden_size, "
      "intermediate_size, max_position_embeddings, num_heads, num_layers, path, "
