@@ -1,6 +1,7 @@
 """What the dashboard draws beside ``/v1/status``: per policy the trainer's steps (wait,
-step time, reward), the staleness of what it trained and its held-out evaluations; per
-node the versions it holds and when each new version reached it.
+step time, reward, how off-policy the batch was), the staleness of what it trained and
+its held-out evaluations; per node the versions it holds and when each new version
+reached it.
 
 Kept in memory, bounded: a view of the run, not its record (the metric streams in the
 run directory are that). A restarted data layer starts these series anew.
@@ -31,7 +32,8 @@ def thinned(points: list[Any], most: int = SHOWN_POINTS) -> list[Any]:
 class Timeline:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        #: per policy: [time, step, wait_seconds, step_seconds, reward_mean | None]
+        #: per policy: [time, step, wait_seconds, step_seconds, reward_mean | None,
+        #: ess_fraction | None, offpolicy_kl | None] (the batch's off-policy gauges)
         self.steps: dict[str, deque[list[Any]]] = {}
         #: per policy: Counter of trained samples by staleness (versions behind)
         self.staleness: dict[str, Counter[int]] = {}
@@ -51,7 +53,8 @@ class Timeline:
                 metrics: dict[str, float]) -> None:
         series = self.steps.setdefault(policy, deque(maxlen=MAX_POINTS))
         number = (series[-1][1] + 1) if series else 1
-        series.append([self.clock(), number, wait, step, metrics.get("reward_mean")])
+        series.append([self.clock(), number, wait, step, metrics.get("reward_mean"),
+                       metrics.get("ess_fraction"), metrics.get("offpolicy_kl")])
         self.staleness.setdefault(policy, Counter()).update(max(0, s) for s in staleness)
 
     def evaluated(self, policy: str, version: int, metrics: dict[str, float]) -> None:

@@ -110,6 +110,15 @@ class PolicyGradientOptions:
     loss (masked IS). PPO/M2PO clipping applies as without one (see
     :func:`astraflow.rl.losses.policy_loss`). Whatever the mode, the train metrics
     report the engine-vs-trainer log-prob gap and the fraction of tokens beyond the cap.
+
+    Every step also reports how off-policy its batch is, a gauge that means the same at
+    any batch size or staleness bound: ``ess_fraction``, the effective sample size of the
+    sequences' importance weights (behaviour -> the trainer's weights at the step's
+    start; each sequence's weight is the product of its trained tokens' ratios) over the
+    sequences, 1.0 on-policy; and ``offpolicy_kl``, the token mean of the k3 estimate of
+    KL(behaviour || trainer). ``ess_lr_power`` > 0 scales the step's learning rate by
+    ``min(1, ess_fraction) ** ess_lr_power`` (VCPO's ESS-guided step, 0.5 for AdamW):
+    a batch that a few sequences dominate moves the weights less.
     """
 
     name: str = ""
@@ -142,6 +151,7 @@ class PolicyGradientOptions:
     data_parallel_size: int = setting(0, ge=0, why="0: whatever is left of the world size")
     collective_timeout: float = setting(600.0, gt=0)
     lora: LoraOptions = field(default_factory=LoraOptions)
+    ess_lr_power: float = setting(0.0, ge=0, why="0: the schedule's rate as is; VCPO: 0.5")
 
     @staticmethod
     def relations(trainer: Any) -> list[str]:

@@ -124,6 +124,36 @@ def spans(lengths: list[int], groups: list[Any], size: int, tokens: int = 0
     return out
 
 
+#: a sequence's log importance weight is clipped to this either way before ``exp``: a
+#: weight beyond e^30 dominates a batch's ESS as fully as an infinite one
+_LOG_WEIGHT_LIMIT = 30.0
+
+
+@torch.no_grad()
+def importance_sums(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor
+                    ) -> dict[str, float]:
+    """Sums for the batch's off-policy gauges over these ``[b, T]`` rows: sequences
+    with a trained token, their importance weights w = exp(sum of trained tokens'
+    ``logp - old_logp``) and w^2, and the trained tokens' k3 estimate of
+    KL(behaviour || current), ``exp(r) - r - 1``."""
+    trained = mask.bool()
+    log_ratio = torch.where(trained, logp.double() - old_logp.double(), 0.0)
+    rows = trained.any(dim=-1)
+    log_w = log_ratio.sum(-1)[rows].clamp(-_LOG_WEIGHT_LIMIT, _LOG_WEIGHT_LIMIT)
+    kl = torch.where(trained, log_ratio.exp() - log_ratio - 1.0, 0.0)
+    return {"sequences": float(rows.sum()), "weight_sum": float(log_w.exp().sum()),
+            "weight_sq_sum": float((2 * log_w).exp().sum()), "offpolicy_kl": float(kl.sum())}
+
+
+def ess_fraction(sums: dict[str, float]) -> float:
+    """The effective sample size of the importance weights over the sequence count,
+    (sum w)^2 / (n sum w^2), in (0, 1]; 1.0 for no sequences."""
+    n, total, squares = sums["sequences"], sums["weight_sum"], sums["weight_sq_sum"]
+    if n <= 0 or squares <= 0:
+        return 1.0
+    return min(1.0, total * total / (n * squares))
+
+
 def micro_batches(items: list[TrainItem], size: int, pad_token_id: int,
                   device: torch.device | str | None = None,
                   fresh: list[float] | None = None,
@@ -384,7 +414,9 @@ class PolicyGradientBackend(TrainerBackend):
         clip = self._clip(micros, [first] if single else None)
         self.optimizer.zero_grad(set_to_none=True)
         totals = dict.fromkeys(("loss", "clipped", "ratio", "kl", "entropy", "logp_diff",
-                                "corrected", "beyond_cap", "fresh_diff", "fresh_tokens"), 0.0)
+                                "corrected", "beyond_cap", "fresh_diff", "fresh_tokens",
+                                "sequences", "weight_sum", "weight_sq_sum", "offpolicy_kl"),
+                                0.0)
         gap_max = 0.0
         for micro in micros:
             stats = first if single else self._token_stats(self.model, micro, entropy=True,
@@ -413,13 +445,17 @@ class PolicyGradientBackend(TrainerBackend):
             totals["fresh_tokens"] += float((micro.mask * micro.fresh).sum())
             totals["corrected"] += float(out.corrected_tokens)
             totals["beyond_cap"] += float(out.beyond_cap)
+            for name, value in importance_sums(logp.detach(), micro.old_logp,
+                                               micro.mask).items():
+                totals[name] += value
             gap_max = max(gap_max, float(out.gap_max))
         self.reduce_gradients()
         *sums, gap_max = self._from_last_stage(self._sum(list(totals.values()))
                                                + self._max([gap_max]))
         totals = dict(zip(totals, sums, strict=True))
         grad_norm = self.clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-        lr = lr_at(cfg, self.step)
+        ess = ess_fraction(totals)
+        lr = lr_at(cfg, self.step) * min(1.0, ess) ** cfg.ess_lr_power
         for group in self.optimizer.param_groups:  # LoRA+ gives the B matrices a multiple
             group["lr"] = lr * group.get("lr_scale", 1.0)
         self.optimizer.step()
@@ -439,6 +475,8 @@ class PolicyGradientBackend(TrainerBackend):
             "rollout_corrected_fraction": totals["corrected"] / num_tokens,
             "tokens": num_tokens,
             "sequences": float(len(batch.items)),
+            "ess_fraction": ess,
+            "offpolicy_kl": totals["offpolicy_kl"] / num_tokens,
             "step": float(self.step),
         }
         if totals["fresh_tokens"]:

@@ -324,7 +324,8 @@ class TrainerRuntime:
             steps_left=int(times["steps_left"]),
             metrics={"reward_mean": sum(rewards) / max(len(rewards), 1),
                      **{k: v for k, v in metrics.items()
-                        if k in ("loss", "entropy", "grad_norm")}})
+                        if k in ("loss", "entropy", "grad_norm", "ess_fraction",
+                                 "offpolicy_kl")}})
         produced = acked["ledger"]
         staleness = [version - 1 - item.trajectory.min_version for item in batch.items]
         # which rollout pools fed this step (heterogeneous and remote pools show here)
