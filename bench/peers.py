@@ -186,7 +186,24 @@ def run_astraflow(overrides: list[str], run_dir: Path, shared: Any,
     summary = json.loads((run_dir / "summary.json").read_text())
     out["trainer_wait_fraction"] = summary["policies"][policy]["trainer_wait_fraction"]
     out["trained_fraction"] = summary["policies"][policy]["trained_fraction"]
+    # over-provisioned groups: samples started and cancelled (not generated
+    # trajectories; in the single-turn job each is one abandoned environment call)
+    out["samples_cancelled"] = summary["policies"][policy].get("samples_cancelled", 0)
+    out["samples_started"] = summary["policies"][policy]["trajectories_generated"] + (
+        out["samples_cancelled"])
+    # how off-policy the trained batches were, and what cutting the tail kept
+    out["ess_fraction_mean"] = _mean(r.get("train/ess_fraction") for r in train)
+    out["offpolicy_kl_mean"] = _mean(r.get("train/offpolicy_kl") for r in train)
+    out["staleness_max"] = max(r["staleness_max"] for r in train)
+    out["audit_kept_reward"] = _mean(r.get("overprovision/kept_reward") for r in train)
+    out["audit_cancelled_reward"] = _mean(r.get("overprovision/cancelled_reward")
+                                          for r in train)
     return out
+
+
+def _mean(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -279,7 +296,16 @@ def report(job: str, sides: dict[str, dict[str, Any]], rows: list[dict[str, Any]
               f" in {side['steps']} steps, {side['seconds_per_step']:.2f} s/step, first step "
               f"{side['first_step_seconds']:.1f} s after start, wall {side['wall_seconds']:.0f} s"
               + (f", trainer wait {side['trainer_wait_fraction']:.1%}, trained / generated "
-                 f"{side['trained_fraction']:.3f}" if "trained_fraction" in side else ""))
+                 f"{side['trained_fraction']:.3f}" if "trained_fraction" in side else "")
+              + (f", {side['samples_cancelled']} samples cancelled of "
+                 f"{side['samples_started']} started (in the latency job, an environment "
+                 f"call each), ESS/batch "
+                 f"{side['ess_fraction_mean']:.3f}, KL {side['offpolicy_kl_mean']:.4f}, "
+                 f"staleness max {side['staleness_max']}"
+                 if side.get("ess_fraction_mean") is not None else "")
+              + (f", audited reward kept {side['audit_kept_reward']:.3f} vs cancelled "
+                 f"{side['audit_cancelled_reward']:.3f}"
+                 if side.get("audit_cancelled_reward") is not None else ""))
     probes = probe_line(sides)
     if probes:
         print(probes)

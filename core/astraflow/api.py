@@ -51,6 +51,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
                                     "AttemptsWorkflow", "with_defaults", "without_stop"),
     "astraflow.workflows.single_turn": ("SingleTurnWorkflow", "SingleTurnConfig"),
     "astraflow.workflows.latency": ("LatencyConfig",),
+    "astraflow.workflows.groups": ("GroupConfig", "first_of", "sizes"),
     "astraflow.rewards.base": ("RewardConfig", "Score"),
     "astraflow.loggers.base": ("scalars",),
     "astraflow.rl.losses": ("token_logprobs", "token_entropy", "PolicyLoss", "policy_loss"),

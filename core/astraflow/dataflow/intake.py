@@ -147,6 +147,9 @@ class Intake:
         d[f"produced:{policy}"] += n
         d[pool_key("produced", policy, sub.pool)] += n
         d[f"reward_failed:{policy}"] += failed
+        # an over-provisioned group's samples cancelled on the node: never generated
+        # trajectories, counted apart (each cost an engine request and an environment call)
+        d[f"cancelled:{policy}"] += int(members[0].metadata.get("cancelled", 0) or 0)
         if failed and policy not in self.reward_errors:
             first = next(ct for ct in members if ct.outcome.failed)
             self.reward_errors[policy] = first.outcome.reason or ""

@@ -45,7 +45,8 @@ class StatusView:
                           self.by_pool("consumed")[policy], stale)
         return {"generated": got["generated"], "trained_fraction": got["trained_fraction"],
                 "dropped_stale_by_pool": stale,
-                "reward_failed": self._p.counters[f"reward_failed:{policy}"]}
+                "reward_failed": self._p.counters[f"reward_failed:{policy}"],
+                "cancelled": self._p.counters[f"cancelled:{policy}"]}
 
     def _yield(self, policy: str, produced: dict[str, int], consumed: dict[str, int],
                stale: dict[str, int]) -> dict[str, Any]:
@@ -145,7 +146,8 @@ class StatusView:
                 "outstanding_batches": len(p.ledger.held(policy)),
                 "trainer_gone": p.nodes.orphaned(policy),
                 "dropped_stale_by_pool": stale[policy],
-                **{name: c[f"{name}:{policy}"] for name in (*EVENTS, "produced", "reward_failed")},
+                **{name: c[f"{name}:{policy}"]
+                   for name in (*EVENTS, "produced", "reward_failed", "cancelled")},
                 "first_reward_error": self._intake.reward_errors.get(policy),
                 "first_accepted_at": self._intake.first_accepted.get(policy),
                 "admission_refusals": dict(self._leasing.refusals[policy]),

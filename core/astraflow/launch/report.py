@@ -47,6 +47,10 @@ def write_report(cfg: DictConfig, run_dir: Path, status: dict[str, Any],
                 "stale": counts.get(policy, {}).get("dropped_stale", 0),
                 "no_trainer": counts.get(policy, {}).get("dropped_no_trainer", 0),
                 "filtered": counts.get(policy, {}).get("filtered", 0)},
+            # over-provisioned groups' samples cancelled on the nodes: not generated
+            # trajectories (outside the ledger above); each cost a generation and an
+            # environment call that was abandoned
+            "samples_cancelled": counts.get(policy, {}).get("cancelled", 0),
             "by_pool": counts.get(policy, {}).get("by_pool", {}),
             "trainer_wait_fraction": _wait_fraction(tr),
             # why leases were refused, by kind (staleness, turnaround, refresh_first...):

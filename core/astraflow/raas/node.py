@@ -28,6 +28,7 @@ from astraflow.launch.lifecycle import mark_ready
 from astraflow.raas.engines import EnginePolicy, ServedPolicy, start_engines
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError
+from astraflow.workflows.groups import Overprovision, planned
 
 log = logging.getLogger("astraflow.raas")
 #: tasks in flight beyond rate x turnaround, for bursts and turnaround jitter
@@ -144,6 +145,7 @@ class RaaSNode:
         model_path = self.cfg.model.path
         self.tokenizer = load_tokenizer(model_path).configure(self.cfg.task)
         self.workflow = build_workflow(self.cfg, self.tokenizer)
+        self.groups = Overprovision(self.cfg.workflow.get("group") or {})
         self.roles = role_map(self.cfg, self.workflow.roles)
         self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
         # a node that joins late catches up before it serves
@@ -238,14 +240,19 @@ class RaaSNode:
         task = lease.task
         task.metadata["group_id"] = lease.lease_id
         started = time.time()
-        trajectories = await self.workflow.run(task, self.policy_handles(), lease.group_size)
+        plan = self.groups.plan(lease.group_size, self.turnaround)
+        with planned(plan):
+            trajectories = await self.workflow.run(task, self.policy_handles(),
+                                                   lease.group_size)
+        self.groups.observe(plan)
+        group = plan.metadata()
         if self.options.throttle < 1:
             await asyncio.sleep((time.time() - started) * (1 / self.options.throttle - 1))
         for traj in trajectories:
             traj.policy = self.roles.get(traj.policy, traj.policy)
             traj.metadata.update(node=self.name, pool=self.options.pool,
                                  region=self.options.region, started_at=started,
-                                 finished_at=time.time())
+                                 finished_at=time.time(), **group)
         versions = {p: b.version for p, b in self.backends.items()}
         more = more and self.in_flight <= self.target_in_flight()
         out = await self.submitter.submit(lease, trajectories, lease_more=int(more),
@@ -480,6 +487,11 @@ class RaaSNode:
                 await engine.shutdown()
             log.info("node %s left after %d rollouts, submitted in %d requests", self.name,
                      self.completed, self.submitter.requests)
+            groups = getattr(self, "groups", None)
+            if groups is not None:
+                log.info("node %s: over-provisioned groups started %d samples and cancelled "
+                         "%d of them (never trained); %s", self.name, groups.started,
+                         groups.cancelled, groups.why(self.turnaround))
         if self.fatal is not None:
             raise self.fatal
 

@@ -354,6 +354,10 @@ class TrainerRuntime:
             # and run so far, and the extra metrics a reward returned, batch means
             "reward_failed": sum(o.failed for o in outcomes),
             "reward_failed_total": produced.get("reward_failed", 0),
+            # over-provisioned groups: samples cancelled on the nodes, run so far (never
+            # trained, not generated trajectories), and this batch's audited groups
+            "cancelled_total": produced.get("cancelled", 0),
+            **overprovision_metrics(batch.items),
             **reward_metric_means(outcomes),
         })
 
@@ -459,3 +463,27 @@ def _rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def overprovision_metrics(items: list[Any]) -> dict[str, float]:
+    """A batch's over-provisioned groups (see :mod:`astraflow.workflows.groups`): the
+    samples cancelled in its groups, and over its audited groups the kept samples' mean
+    reward against the cancelled-to-be ones' -- the bias of cutting the tail, where how
+    long a sample takes depends on what was written."""
+    groups: dict[str, dict[str, Any]] = {}
+    for item in items:
+        traj = item.trajectory
+        groups.setdefault(traj.group_id, traj.metadata)
+    cancelled = [int(m["cancelled"]) for m in groups.values() if m.get("cancelled") is not None]
+    if not cancelled:
+        return {}
+    out = {"overprovision/cancelled": float(sum(cancelled))}
+    audited = [m for m in groups.values() if "audit_cancelled_reward" in m]
+    if audited:
+        out["overprovision/audited_groups"] = float(len(audited))
+        out["overprovision/kept_reward"] = sum(
+            m["audit_kept_reward"] for m in audited) / len(audited)
+        out["overprovision/cancelled_reward"] = sum(
+            m["audit_cancelled_reward"] for m in audited) / len(audited)
+    return out
+

@@ -42,6 +42,7 @@ from astraflow.schema import setting
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.agent_worker import ERROR_CHARS, ClientConfig
 from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.groups import GroupConfig, first_of, sizes
 
 if TYPE_CHECKING:
     from astraflow.gateway.server import Gateway
@@ -78,6 +79,9 @@ class AgentConfig:
     port: int = setting(0, ge=0, le=65535)  # 0 picks a free port
     advertise_host: str | None = None
     max_body_bytes: int = setting(8 * 1024 * 1024, ge=1)
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 class AgentFailed(Exception):
@@ -293,9 +297,13 @@ class AgentWorkflow(Workflow):
         gateway.settings.temperature = float(self.config.temperature)
         gateway.settings.max_tokens = int(self.config.max_tokens)
         group_id = task.metadata.get("group_id", task.task_id)
-        rollouts = [self._rollout(gateway, task, policies, group_id, i)
-                    for i in range(group_size)]
-        return [t for trajs in await asyncio.gather(*rollouts) for t in trajs]
+        # over-provisioned: the first rollouts back are kept; a cancelled one's session
+        # closes, so its agent's next model call is refused
+        started, keep = sizes(group_size)
+        rollouts = await first_of(
+            lambda i: self._rollout(gateway, task, policies, group_id, i), started, keep,
+            reward=lambda trajs: trajs[0].reward if trajs else 0.0)
+        return [t for trajs in rollouts for t in trajs]
 
     async def _rollout(self, gateway: Gateway, task: Task, policies: dict[str, PolicyHandle],
                        group_id: str, sample: int) -> list[Trajectory]:

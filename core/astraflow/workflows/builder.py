@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from astraflow.types import (
     Task,
     Trajectory,
 )
+from astraflow.workflows.groups import GroupConfig, first_of, sizes
 from astraflow.workflows.latency import Latency, LatencyConfig
 
 if TYPE_CHECKING:
@@ -131,6 +131,9 @@ class EnvConfig:
     #: an environment call per sample before it is scored (a verifier service, a
     #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 def with_defaults(config: Any, schema: type[S]) -> S:
@@ -185,6 +188,11 @@ class AttemptsWorkflow(EnvWorkflow):
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
         group_id = task.metadata.get("group_id", task.task_id)
-        attempts = await asyncio.gather(*(self._attempt(task, policies, group_id)
-                                          for _ in range(group_size)))
+        started, keep = sizes(group_size)  # over-provisioned: the first back are kept
+        attempts = await first_of(lambda _: self._attempt(task, policies, group_id),
+                                  started, keep, reward=_mean_reward)
         return [traj for attempt in attempts for traj in attempt]
+
+
+def _mean_reward(trajectories: list[Trajectory]) -> float:
+    return sum(t.reward for t in trajectories) / max(len(trajectories), 1)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from astraflow.config import setting
 from astraflow.contracts import PolicyHandle
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder
+from astraflow.workflows.groups import GroupConfig, first_of, sizes
 from astraflow.workflows.latency import LatencyConfig
 
 
@@ -22,6 +22,9 @@ class SingleTurnConfig:
     #: an environment call per sample before it is scored (a verifier service, a
     #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 class SingleTurnWorkflow(EnvWorkflow):
@@ -44,17 +47,22 @@ class SingleTurnWorkflow(EnvWorkflow):
     ) -> list[Trajectory]:
         (role,) = self.roles
         prompt_ids = self.tokenizer.encode_prompt(task.prompt)
+        # an over-provisioned group generates its extra samples with the rest (one
+        # request: they share the prompt) and keeps the first to come back scored
+        started, keep = sizes(group_size)
         generations = await policies[role].generate(
             prompt_ids,
-            n=group_size,
+            n=started,
             max_new_tokens=self.settings.max_new_tokens,
             temperature=self.settings.temperature,
             stop_token_ids=self.tokenizer.stop_token_ids,
         )
-        scores = await asyncio.gather(*(self._score(task, gen.token_ids)
-                                        for gen in generations))
+
+        async def scored(i: int):
+            return generations[i], await self._score(task, generations[i].token_ids)
+
         out = []
-        for gen, score in zip(generations, scores, strict=True):
+        for gen, score in await first_of(scored, started, keep, reward=lambda s: s[1].value):
             builder = TrajectoryBuilder(task.task_id, task.metadata.get("group_id", task.task_id))
             builder.add_context(prompt_ids)
             builder.add_generation(role, gen)

@@ -34,6 +34,7 @@ from astraflow.contracts import PolicyHandle
 from astraflow.schema import setting
 from astraflow.types import RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
+from astraflow.workflows.groups import GroupConfig
 from astraflow.workflows.latency import LatencyConfig
 
 PICK = "pick:"
@@ -49,6 +50,9 @@ class SolveSelectConfig:
     selector_max_new_tokens: int = setting(2, ge=1)
     temperature: float = setting(1.0, ge=0)  # 0: greedy
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 def perturb(answer: str, rng: random.Random) -> str:

@@ -34,6 +34,7 @@ from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
 from astraflow.types import RewardOutcome, Task, Trajectory
 from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
+from astraflow.workflows.groups import GroupConfig
 from astraflow.workflows.latency import LatencyConfig
 from astraflow.workflows.tools import sandbox_from
 
@@ -53,6 +54,9 @@ class SolveTestgenConfig:
     temperature: float = setting(1.0, ge=0)  # 0: greedy
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=5.0))
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 def parse_tests(text: str) -> list[str]:

@@ -17,6 +17,7 @@ from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
 from astraflow.types import TOOL, Task, Trajectory
 from astraflow.workflows.builder import TrajectoryBuilder
+from astraflow.workflows.groups import GroupConfig, first_of, sizes
 from astraflow.workflows.tools import calculator, python, sandbox_from
 
 TOOLS = ("calc", "python")
@@ -33,6 +34,9 @@ class ToolUseConfig:
     tool: str = setting("calc", choices=TOOLS)
     #: limits of ``tool=python``'s runs
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=2.0))
+    #: over-provisioned groups: start extra samples, train the first back (see
+    #: :mod:`astraflow.workflows.groups`)
+    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 class ToolUseWorkflow(Workflow):
@@ -52,10 +56,9 @@ class ToolUseWorkflow(Workflow):
 
     async def run(self, task: Task, policies: dict[str, PolicyHandle],
                   group_size: int) -> list[Trajectory]:
-        import asyncio
-
-        attempts = [self._attempt(task, policies, i) for i in range(group_size)]
-        return list(await asyncio.gather(*attempts))
+        started, keep = sizes(group_size)  # over-provisioned: the first back are kept
+        return await first_of(lambda i: self._attempt(task, policies, i), started, keep,
+                              reward=lambda t: t.reward)
 
     async def _attempt(self, task: Task, policies: dict[str, PolicyHandle], index: int
                        ) -> Trajectory:

@@ -169,6 +169,11 @@ class HFRolloutBackend(Pausable, RolloutBackend):
             batch = [first]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            # a caller that gave up meanwhile (an over-provisioned group's sample that
+            # was cancelled) is not generated for
+            batch = [pending for pending in batch if not pending.future.done()]
+            if not batch:
+                continue
             self._idle.clear()
             try:
                 results = await loop.run_in_executor(

@@ -322,7 +322,8 @@ def test_no_task_is_issued_whose_samples_a_running_step_would_make_stale(start_s
     info = c.status()["policies"]["policy"]
     # what the trainer records after each step comes with the acknowledgement
     assert acked["ledger"] == {"generated": info["generated"], "trained_fraction": 1.0,
-                               "dropped_stale_by_pool": {}, "reward_failed": 0}
+                               "dropped_stale_by_pool": {}, "reward_failed": 0,
+                               "cancelled": 0}
     assert info["dropped_stale"] == 0
     assert info["trained"] == 6 * 4
     assert info["trained_fraction"] == 1.0
