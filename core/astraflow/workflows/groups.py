@@ -12,7 +12,8 @@ trained, and never charged as stale.
 How many extra samples a group starts (``workflow.group.extra``) is derived, unless set,
 from the per-sample times a node measures (:class:`Overprovision`): none while a group's
 slowest sample is within :data:`WORTH_CUTTING` of its turnaround (or :data:`MIN_TAIL`)
-of the median one (a compute-bound job gains nothing), else the fewest, up to the group
+of the median one, or the median sample takes under :data:`SAMPLE_SHARE` of it (a
+compute-bound job gains nothing), else the fewest, up to the group
 size, that bring a group's expected wait within :data:`TARGET` x the median sample's.
 
 Cutting the tail biases training when how long a sample takes depends on what the model
@@ -51,6 +52,9 @@ TARGET = 1.5
 #: loop's and the CPU's scheduling, which extra samples would only add to)
 WORTH_CUTTING = 0.25
 MIN_TAIL = 0.02
+#: ... and only when a sample's median time is this share of the group's turnaround: the
+#: samples' own stage (the environment, the agent) is then what a group waits on
+SAMPLE_SHARE = 0.1
 #: uncut sample times a node keeps, and how many it needs before it derives anything
 KEPT_TIMES = 256
 MIN_TIMES = 128
@@ -195,7 +199,7 @@ def derived_extra(times: list[float], group_size: int, turnaround: float | None)
     ordered = sorted(times)
     median = ordered[len(ordered) // 2]
     tail = expected_wait(ordered, group_size, group_size) - median
-    if tail < max(MIN_TAIL, WORTH_CUTTING * turnaround):
+    if tail < max(MIN_TAIL, WORTH_CUTTING * turnaround) or median < SAMPLE_SHARE * turnaround:
         return 0
     for extra in range(1, group_size + 1):
         if expected_wait(ordered, group_size, group_size + extra) <= TARGET * median:
