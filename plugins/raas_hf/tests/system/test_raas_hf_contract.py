@@ -162,3 +162,49 @@ def test_a_conversations_next_turn_reuses_its_last_turns_keys(chat_model_dir, tm
     for a, b in zip(warm, cold, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_a_request_given_up_while_queued_is_not_generated(tiny_model_dir):
+    """An over-provisioned group's sample cancelled while its request waits behind the
+    batch under way costs the engine nothing: it is dropped from the next batch."""
+    import asyncio
+
+    from astraflow.plugins import get_registry
+    from astraflow.testing.engine import LoopThread
+    from astraflow.testing.rollout import LONG, prompt_ids
+    from astraflow.types import GenerationRequest
+
+    entry = get_registry().get("rollout_backend", "hf")
+    backend = entry.create(entry.config_cls(), tiny_model_dir)
+    loop = LoopThread()
+    loop.run(backend.start())
+    rows: list[int] = []
+    generate_batch = backend._generate_batch
+
+    def counted(requests):
+        rows.append(sum(r.n for r in requests))
+        return generate_batch(requests)
+
+    backend._generate_batch = counted
+
+    def request(n: int) -> GenerationRequest:
+        return GenerationRequest(prompt_ids=prompt_ids(tiny_model_dir, "12+7="), n=n,
+                                 max_new_tokens=LONG, temperature=1.0, stop_token_ids=[])
+
+    async def scenario() -> int:
+        first = asyncio.ensure_future(backend.generate(request(1)))
+        while not rows:  # the first batch is under way
+            await asyncio.sleep(0.001)
+        given_up = asyncio.ensure_future(backend.generate(request(5)))
+        kept = asyncio.ensure_future(backend.generate(request(2)))
+        await asyncio.sleep(0)  # both queued behind it
+        given_up.cancel()
+        await first
+        return len(await kept)
+
+    try:
+        assert loop.run(scenario()) == 2
+        assert rows == [1, 2]  # the 5 rows given up were never generated
+    finally:
+        loop.run(backend.shutdown())
+        loop.close()
