@@ -28,7 +28,8 @@ from astraflow.launch.lifecycle import mark_ready
 from astraflow.raas.engines import EnginePolicy, ServedPolicy, start_engines
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError
-from astraflow.workflows.groups import Overprovision, planned
+from astraflow.workflows.builder import with_defaults
+from astraflow.workflows.groups import GroupConfig, Overprovision, planned
 
 log = logging.getLogger("astraflow.raas")
 #: tasks in flight beyond rate x turnaround, for bursts and turnaround jitter
@@ -145,7 +146,8 @@ class RaaSNode:
         model_path = self.cfg.model.path
         self.tokenizer = load_tokenizer(model_path).configure(self.cfg.task)
         self.workflow = build_workflow(self.cfg, self.tokenizer)
-        self.groups = Overprovision(self.cfg.workflow.get("group") or {})
+        self.groups = Overprovision(with_defaults(self.cfg.workflow.get("group") or {},
+                                                  GroupConfig))
         self.roles = role_map(self.cfg, self.workflow.roles)
         self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
         # a node that joins late catches up before it serves

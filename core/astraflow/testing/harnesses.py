@@ -29,6 +29,13 @@ def _cache() -> Path:
     return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow")) / "npm"
 
 
+def harness(command: str) -> str:
+    """The ``command`` harness (``claude`` or ``codex``) to run: ``$CLAUDE_BIN`` /
+    ``$CODEX_BIN``, else the one on PATH, else the pinned version, installed once."""
+    return (os.environ.get(f"{command.upper()}_BIN") or shutil.which(command)
+            or str(install_harness(command)))
+
+
 def install_harness(command: str, timeout: float = 600.0) -> Path:
     """The executable of ``command`` (``claude`` or ``codex``), installed once at its
     pinned version; :class:`HarnessUnavailable` saying why when it cannot be."""

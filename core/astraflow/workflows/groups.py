@@ -208,15 +208,12 @@ def derived_extra(times: list[float], group_size: int, turnaround: float | None)
 
 
 class Overprovision:
-    """A node's plans for its groups under ``workflow.group`` (a :class:`GroupConfig`
-    or a mapping), from the sample times it measures."""
+    """A node's plans for its groups under ``config`` (``workflow.group``), from the
+    sample times it measures."""
 
-    def __init__(self, config: Any, seed: int | None = None) -> None:
-        get = config.get if hasattr(config, "get") else lambda k, d=None: getattr(config, k, d)
-        extra = get("extra", None)
-        self.extra: int | None = None if extra is None else int(extra)
-        self.keep = int(get("keep", 0) or 0)
-        self.audit = float(get("audit", GroupConfig.audit))
+    def __init__(self, config: GroupConfig, seed: int | None = None) -> None:
+        self.extra = None if config.extra is None else int(config.extra)
+        self.keep, self.audit = int(config.keep), float(config.audit)
         self.times: deque[float] = deque(maxlen=KEPT_TIMES)
         self.rng = random.Random(seed)
         #: run so far: samples started, cancelled, and the latest derived extra

@@ -18,19 +18,11 @@ installed from the npm registry into the cache (``astraflow.testing.harnesses``)
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 
-
-def claude() -> str:
-    found = os.environ.get("CLAUDE_BIN") or shutil.which("claude")
-    if found:
-        return found
-    from astraflow.testing.harnesses import install_harness
-
-    return str(install_harness("claude"))
+from astraflow.testing.harnesses import harness
 
 
 def main() -> None:
@@ -42,7 +34,7 @@ def main() -> None:
         os.makedirs(work)
         env = {**os.environ, "HOME": home, "DISABLE_TELEMETRY": "1",
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        done = subprocess.run([claude(), "-p", task["prompt"], "--output-format", "json",
+        done = subprocess.run([harness("claude"), "-p", task["prompt"], "--output-format", "json",
                                *extra], cwd=work, env=env, capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, check=False)
     if done.returncode != 0:

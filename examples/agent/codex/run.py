@@ -18,19 +18,11 @@ installed from the npm registry into the cache (``astraflow.testing.harnesses``)
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 
-
-def codex() -> str:
-    found = os.environ.get("CODEX_BIN") or shutil.which("codex")
-    if found:
-        return found
-    from astraflow.testing.harnesses import install_harness
-
-    return str(install_harness("codex"))
+from astraflow.testing.harnesses import harness
 
 
 def main() -> None:
@@ -45,7 +37,7 @@ def main() -> None:
         os.makedirs(work)
         last = os.path.join(root, "last-message.txt")
         done = subprocess.run(
-            [codex(), "exec", "--skip-git-repo-check", "--ephemeral",
+            [harness("codex"), "exec", "--skip-git-repo-check", "--ephemeral",
              "-m", os.environ["ASTRAFLOW_MODEL"], "-c", "model_provider=astraflow",
              "-c", f"model_providers.astraflow={table}", "-o", last, *extra, task["prompt"]],
             cwd=work, env={**os.environ, "HOME": home}, capture_output=True, text=True,

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from astraflow.workflows.groups import (
+    GroupConfig,
     GroupPlan,
     Overprovision,
     derived_extra,
@@ -124,13 +125,13 @@ def test_the_extra_is_derived_from_the_tail_of_the_measured_times():
 
 
 def test_a_node_plans_from_what_it_measured_and_audits_a_share_of_cut_groups():
-    groups = Overprovision({"extra": None, "keep": 0, "audit": 0.25}, seed=1)
+    groups = Overprovision(GroupConfig(audit=0.25), seed=1)
     assert groups.plan(8, 0.6).extra == 0  # nothing measured yet
     groups.observe(GroupPlan(size=8, seconds=_lognormal(256, 0.1, 1.0), started=256))
     plans = [groups.plan(8, 0.6) for _ in range(400)]
     assert {p.extra for p in plans} == {4}
     assert 60 < sum(p.audit for p in plans) < 140
     assert "4 extra derived" in groups.why(0.6)
-    fixed = Overprovision({"extra": 2, "audit": 0.0})
+    fixed = Overprovision(GroupConfig(extra=2, audit=0.0))
     assert (fixed.plan(8, None).extra, fixed.plan(8, None).audit) == (2, False)
     assert "workflow.group.extra=2 (set)" in fixed.why(None)
