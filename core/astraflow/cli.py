@@ -1,7 +1,7 @@
 """``astraflow`` / ``python -m astraflow``: run a job, or start one component alone.
 
 ``python -m astraflow [OVERRIDES...]`` composes the config and runs the job locally.
-Subcommands: ``plugins``, ``dataflow``, ``raas``, ``train``, ``run``.
+Subcommands: ``plugins``, ``dataflow``, ``raas``, ``train``, ``run``, ``tinker``.
 """
 
 from __future__ import annotations
@@ -150,6 +150,18 @@ def cmd_dataflow(argv: list[str]) -> int:
     from astraflow.dataflow.cli import main as dataflow_main
 
     return dataflow_main(argv)
+
+
+@command("tinker")
+def cmd_tinker(argv: list[str]) -> int:
+    """Serve the Tinker API (the tinker SDK's training and sampling clients)."""
+    try:
+        from astraflow_tinker.cli import main as tinker_main
+    except ImportError as exc:
+        print(f"astraflow tinker needs its plugin: pip install astraflow-plugin-tinker "
+              f"({exc})", file=sys.stderr)
+        return 2
+    return tinker_main(argv)
 
 
 @command("_preload")
