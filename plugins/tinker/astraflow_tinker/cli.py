@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                         "$TINKER_API_KEY")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the frozen base weights' dtype (auto: bfloat16 on a GPU, float32 "
+                        "on the CPU); adapters and optimizer state are float32")
     p.add_argument("--max-body-mb", type=int, default=64)
     p.add_argument("--poll-seconds", type=float, default=20.0,
                    help="how long a retrieve_future waits before answering try_again")
@@ -101,7 +104,7 @@ async def _serve(args: argparse.Namespace, keys: list[str], model_dir: Path, sta
 
     name = args.name or model_dir.name
     print(f"astraflow tinker: loading {name} from {model_dir}", file=sys.stderr, flush=True)
-    engine = await asyncio.to_thread(Engine, model_dir)
+    engine = await asyncio.to_thread(Engine, model_dir, dtype=args.dtype)
     worker = Worker(asyncio.get_running_loop())
     service = Service(engine, name, model_dir, state, worker)
     app = build_app(service, keys, max_body_bytes=args.max_body_mb << 20,

@@ -15,7 +15,6 @@ import contextlib
 import copy
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -33,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from astraflow_tinker.losses import EngineError, adamw, gather_logprobs, resolve
+from astraflow_tinker.sampling import generator_for, pick
 
 LORA_ALPHA = 32
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -96,12 +96,19 @@ class _Tenant:
 class Engine:
     """LoRA tenants and read-only samplers on the base model in ``model_dir``."""
 
-    def __init__(self, model_dir: str | Path, max_tenants: int = 64) -> None:
+    def __init__(self, model_dir: str | Path, max_tenants: int = 64,
+                 dtype: str = "float32") -> None:
+        """``dtype``: the frozen base weights' (``float32``, ``bfloat16``; ``auto``:
+        bfloat16 on a GPU, float32 on the CPU); adapters and their moments are float32."""
         self.model_dir = Path(model_dir)
         self.base_name: str = self.model_dir.resolve().name
         self.max_tenants = max_tenants
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32,
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype not in ("float32", "bfloat16"):
+            raise EngineError(f"dtype={dtype!r}: expected float32, bfloat16 or auto")
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype),
                                                      local_files_only=True)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -272,24 +279,9 @@ class Engine:
         """``sampler``: a name from :meth:`load_sampler` (looked up first), a tenant
         (its current weights), or ``None`` (the base model)."""
         adapter = self._sampler_adapter(sampler)
-        ids = self._check_tokens(prompt, "prompt")
-        if len(ids) == 0:
-            raise EngineError("prompt: empty")
-        if num_samples < 1 or max_tokens < 1:
-            raise EngineError(f"num_samples={num_samples}, max_tokens={max_tokens}: "
-                              "both must be at least 1")
-        if len(ids) + max_tokens > self.context:
-            raise EngineError(f"prompt: {len(ids)} tokens + max_tokens={max_tokens} exceed "
-                              f"the model's {self.context}-token context")
-        if top_k == 0 or top_k < -1 or not 0 < top_p <= 1:
-            raise EngineError(f"top_k={top_k}, top_p={top_p}: top_k is -1 (none) or at "
-                              "least 1, top_p in (0, 1]")
+        ids = self._check_sample(prompt, num_samples, max_tokens, top_k, top_p, "prompt")
         stop_ids, stop_texts = self._stops(stop)
-        generator = torch.Generator(device=self.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generator = generator_for(self.device, seed)
         self._use(adapter, trainable=False)
         with torch.no_grad():
             prompt_ids = torch.from_numpy(ids)[None].to(self.device)
@@ -305,7 +297,7 @@ class Engine:
             samples = [Sample([], [], "length") for _ in range(num_samples)]
             alive = list(range(num_samples))  # the rows still decoding, in the cache's order
             for step in range(max_tokens):
-                token, lp = _pick(logits, temperature, top_k, top_p, generator)
+                token, lp = pick(logits, temperature, top_k, top_p, generator)
                 keep = []
                 for row, (i, tok, tok_lp) in enumerate(zip(alive, token.tolist(), lp.tolist(),
                                                            strict=True)):
@@ -328,6 +320,23 @@ class Engine:
         return samples, prompt_lp
 
     # ---- internals -------------------------------------------------------------------
+    def _check_sample(self, prompt: list[int], num_samples: int, max_tokens: int,
+                      top_k: int, top_p: float, where: str) -> np.ndarray:
+        """A sample request's prompt as ids, or an :class:`EngineError` naming the fault."""
+        ids = self._check_tokens(prompt, where)
+        if len(ids) == 0:
+            raise EngineError(f"{where}: empty")
+        if num_samples < 1 or max_tokens < 1:
+            raise EngineError(f"{where}: num_samples={num_samples}, max_tokens={max_tokens}: "
+                              "both must be at least 1")
+        if len(ids) + max_tokens > self.context:
+            raise EngineError(f"{where}: {len(ids)} tokens + max_tokens={max_tokens} exceed "
+                              f"the model's {self.context}-token context")
+        if top_k == 0 or top_k < -1 or not 0 < top_p <= 1:
+            raise EngineError(f"top_k={top_k}, top_p={top_p}: top_k is -1 (none) or at "
+                              "least 1, top_p in (0, 1]")
+        return ids
+
     def _tenant(self, tenant: str) -> _Tenant:
         if tenant not in self._tenants:
             raise EngineError(f"unknown tenant {tenant!r}")
@@ -505,27 +514,6 @@ class Engine:
         tail = max(len(s.encode()) for s in stop_texts) + 4
         text = self.tokenizer.decode(tokens[-tail:], skip_special_tokens=False)
         return any(s in text for s in stop_texts)
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-          generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's next token and its logprob under ``logits / temperature`` (at
-    temperature 1 when greedy), drawn after the top-k and top-p cuts."""
-    if temperature <= 0:
-        token = logits.argmax(-1)
-        return token, gather_logprobs(logits, token)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    cut = logp
-    if 0 < top_k < cut.shape[-1]:
-        kth = cut.topk(top_k, dim=-1).values[:, -1:]
-        cut = cut.masked_fill(cut < kth, -math.inf).log_softmax(-1)
-    if top_p < 1:
-        ordered, order = cut.sort(dim=-1, descending=True)
-        before = ordered.exp().cumsum(-1) - ordered.exp()  # the mass ahead of each token
-        ordered = ordered.masked_fill(before >= top_p, -math.inf)
-        cut = torch.full_like(cut, -math.inf).scatter(-1, order, ordered)
-    token = torch.multinomial(cut.exp(), 1, generator=generator).squeeze(-1)
-    return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
 
 def _check_rank(spec: LoraSpec) -> None:

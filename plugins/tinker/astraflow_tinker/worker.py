@@ -78,6 +78,18 @@ class Worker:
         self._forget_old()
         return pending
 
+    def future(self, lane: str, kind: str) -> Pending:
+        """A future that no queued operation fills: an operation that serves several
+        requests at once (a batch of samples) settles it with :meth:`settle`."""
+        pending = Pending(f"req-{uuid.uuid4().hex}", lane, kind, self._loop.create_future())
+        self.futures[pending.request_id] = pending
+        return pending
+
+    def settle(self, pending: Pending, outcome: Outcome) -> None:
+        """Answer ``pending`` (from the compute thread)."""
+        pending.finished = time.monotonic()
+        self._loop.call_soon_threadsafe(_settle, pending.done, outcome)
+
     def queued(self, lane: str) -> int:
         with self._cv:
             return len(self._lanes.get(lane, ()))
