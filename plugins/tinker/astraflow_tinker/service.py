@@ -10,9 +10,11 @@ it never saved one, the first time a request needs it.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import re
+import threading
 import time
 import uuid
 from dataclasses import asdict
@@ -22,11 +24,14 @@ from typing import Any
 from astraflow_tinker import wire
 from astraflow_tinker.engine import AdamParams, Datum, Engine, EngineError, LoraSpec
 from astraflow_tinker.ledger import Checkpoint, Ledger, Model, Sampler
+from astraflow_tinker.sampling import SampleRequest, sample_many
 from astraflow_tinker.worker import Outcome, Pending, Worker
 
 log = logging.getLogger("astraflow.tinker")
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: operations whose retry is recognised (a retry comes within minutes, not 100k calls)
+SEEN_KEPT = 100_000
 #: a sample request's ceiling on sequences (the SDK's own default client caps nothing)
 MAX_SAMPLES = 128
 
@@ -59,8 +64,13 @@ class Service:
         self.state = state
         self.ledger = Ledger(state / "ledger.sqlite")
         self.worker = worker
-        self._seen: dict[tuple[str, int], str] = {}
+        #: (model, seq_id) -> request id of the operations still answerable, to answer
+        #: the SDK's retry of one with the same future (bounded: the oldest go first)
+        self._seen: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._loaded_samplers: set[str] = set()
+        #: sample requests waiting for their sampler's next batch
+        self._waiting: dict[str, list[tuple[SampleRequest, dict[str, Any], Pending]]] = {}
+        self._waiting_lock = threading.Lock()
 
     # ---- sessions, info ----------------------------------------------------------
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +166,8 @@ class Service:
         pending = self.worker.submit(model_id, kind, _user_errors(run))
         if seq_id is not None:
             self._seen[(model_id, seq_id)] = pending.request_id
+            while len(self._seen) > SEEN_KEPT:
+                self._seen.popitem(last=False)
         return pending
 
     def forward_backward(self, owner: str, request: wire.ForwardBackward) -> Pending:
@@ -343,15 +355,62 @@ class Service:
                 raise ServiceError(400, f"{unsupported} is not served by this server")
         params = body.get("sampling_params") or {}
         args = _sampling_args(params, len(prompt), self.engine.context)
+        lane = f"sampler:{sampler.sampler_id}"
+        if body.get("prompt_logprobs"):  # a prompt scored (compute_logprobs): alone
 
-        def work() -> Outcome:
-            name = self._sampler_loaded(sampler)
-            samples, prompt_lp = self.engine.sample(
-                name, prompt, n, prompt_logprobs=bool(body.get("prompt_logprobs")), **args)
-            return Outcome(body=wire.encode_sample(samples, prompt_lp))
-        pending = self.worker.submit(f"sampler:{sampler.sampler_id}", "sample",
-                                     _user_errors(work))
+            def alone() -> Outcome:
+                samples, prompt_lp = self.engine.sample(
+                    self._sampler_loaded(sampler), prompt, n, prompt_logprobs=True, **args)
+                return Outcome(body=wire.encode_sample(samples, prompt_lp))
+            pending = self.worker.submit(lane, "sample", _user_errors(alone))
+        else:
+            pending = self.worker.future(lane, "sample")
+            with self._waiting_lock:
+                waiting = self._waiting.setdefault(sampler.sampler_id, [])
+                waiting.append((SampleRequest(prompt, n, args.pop("max_tokens"),
+                                              args.pop("seed")), args, pending))
+                first = len(waiting) == 1
+            if first:  # the batch that takes it, and every request queued meanwhile
+                self.worker.submit(lane, "sample_batch", lambda: self._sample_batch(sampler))
         return pending, [f"{pending.request_id}:{i}" for i in range(n)]
+
+    def _sample_batch(self, sampler: Sampler) -> Outcome:
+        """Every request waiting for ``sampler`` (worker thread), in one batch per set of
+        sampling parameters; each answers its own future."""
+        with self._waiting_lock:
+            waiting = self._waiting.pop(sampler.sampler_id, [])
+        groups: dict[str, list[tuple[SampleRequest, dict[str, Any], Pending]]] = {}
+        for item in waiting:
+            groups.setdefault(repr(sorted(item[1].items())), []).append(item)
+        for group in groups.values():
+            args = group[0][1]
+            try:
+                results = sample_many(self.engine, self._sampler_loaded(sampler),
+                                      [request for request, _, _ in group], **args)
+                outcomes = [Outcome(body=wire.encode_sample(r, None)) for r in results]
+            except EngineError:
+                outcomes = [self._sample_alone(sampler, request, args)
+                            for request, _, _ in group]  # which request was at fault
+            except Exception as exc:  # every waiting request hears of it, none hangs
+                log.exception("tinker: a batch of %d samples failed", len(group))
+                outcomes = [Outcome(error=f"sample failed on the server: {exc!r}",
+                                    category="server")] * len(group)
+            for (_, _, pending), outcome in zip(group, outcomes, strict=True):
+                self.worker.settle(pending, outcome)
+        return Outcome(json={})
+
+    def _sample_alone(self, sampler: Sampler, request: SampleRequest,
+                      args: dict[str, Any]) -> Outcome:
+        try:
+            samples, _ = self.engine.sample(self._sampler_loaded(sampler), request.prompt,
+                                            request.num_samples, request.max_tokens,
+                                            seed=request.seed, **args)
+        except EngineError as exc:
+            return Outcome(error=str(exc), category="user")
+        except Exception as exc:
+            log.exception("tinker: a sample failed")
+            return Outcome(error=f"sample failed on the server: {exc!r}", category="server")
+        return Outcome(body=wire.encode_sample(samples, None))
 
     def _sampler_loaded(self, sampler: Sampler) -> str | None:
         if sampler.dir is None:
