@@ -70,9 +70,11 @@ def main() -> None:
     before = rss_mb()
     engine = Engine(model, dtype=args.dtype)
     params = sum(p.numel() for p in engine.model.parameters())
-    base = rss_mb() - before
+    # the weights' bytes (a checkpoint already in the dtype is mapped, not all resident)
+    base = sum(p.numel() * p.element_size() for p in engine.model.parameters()) / 2**20
+    resident = rss_mb() - before
     print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.dtype}; base model "
-          f"{base:.0f} MB resident ({cpu_model()})")
+          f"{base:.0f} MB of weights, {resident:.0f} MB resident after loading ({cpu_model()})")
     rng = np.random.default_rng(0)
     data = [Datum(rows.tolist(), {"target_tokens": np.roll(rows, -1),
                                   "weights": np.ones(args.tokens, np.float32)})
@@ -90,7 +92,7 @@ def main() -> None:
     expected = adapter * 12 / 2**20
     print(f"  a tenant (rank {args.rank}: {adapter / 1e6:.1f}M adapter parameters, AdamW): "
           f"{per_tenant:.0f} MB resident ({expected:.0f} MB of weights and moments) = "
-          f"{per_tenant / base:.3f} x the base model")
+          f"{per_tenant / base:.3f} x the base model's weights")
     alone = statistics.median(step(engine, "t0", data) for _ in range(3))
     shared = []
     for _ in range(3):  # t0 and t1 call by call, as two lanes are served
@@ -105,7 +107,7 @@ def main() -> None:
     both = statistics.median(shared)
     print(f"  step ({args.batch} x {args.tokens} tokens): alone {alone:.2f} s; two tenants "
           f"interleaved {both:.2f} s for both = {both / alone:.2f} x one alone")
-    prompt = data[0].tokens[:32]
+    prompt = data[0].tokens[:32]  # one prompt: N requests of it are a group's
     began = time.perf_counter()
     engine.sample("t0", prompt, args.samples, args.new, seed=1, stop=[])
     batched = time.perf_counter() - began
@@ -124,7 +126,8 @@ def main() -> None:
           f"batched as the service batches them {together:.2f} s = "
           f"{together / batched:.2f} x")
     result = {"cpu": cpu_model(), "shape": args.shape, "dtype": args.dtype,
-              "parameters": params, "base_mb": base, "tenant_mb": per_tenant,
+              "parameters": params, "base_mb": base, "base_resident_mb": resident,
+              "tenant_mb": per_tenant,
               "tenant_over_base": per_tenant / base, "adapter_parameters": adapter,
               "tenant_weights_and_moments_mb": expected,
               "step_alone_s": alone, "two_tenants_interleaved_s": both,

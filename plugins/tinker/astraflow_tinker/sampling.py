@@ -4,10 +4,11 @@ A recipe sends one request per environment (``num_samples=1`` each, dozens at on
 served one after another, each pays a whole prefill and a decode loop of its own, 4x the
 time of the same sequences in one request at Qwen2.5-0.5B's shape (``bench/tinker.py``).
 Here the requests waiting for a sampler that share sampling parameters run together:
-prompts left-padded into one prefill, each request's rows repeated from its prompt's
-cache, and every decode step drawing each request's tokens with that request's own
-generator (its ``seed``), so a request samples what it would have alone, up to float
-rounding. A request stops decoding at its own ``max_tokens`` or stop sequence.
+their distinct prompts (a group's requests share one) left-padded into one prefill,
+each request's rows repeated from its prompt's cache, and every decode step drawing
+each request's tokens with that request's own generator (its ``seed``), so a request
+samples what it would have alone, up to float rounding. A request stops decoding at its
+own ``max_tokens`` or stop sequence.
 """
 
 from __future__ import annotations
@@ -86,12 +87,14 @@ def sample_many(engine: Engine, sampler: str | None, requests: list[SampleReques
 
 def _prefill(engine: Engine, prompts: list[list[int]], owner: list[int]
              ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """The prompts left-padded through one forward; the cache, last logits and attention
-    mask repeated to each request's rows."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
+    """Each distinct prompt left-padded through one forward (a group's requests share
+    theirs); the cache, last logits and attention mask repeated to each request's rows."""
+    distinct: dict[tuple[int, ...], int] = {}
+    which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    width = max(len(p) for p in distinct)
+    ids = torch.zeros((len(distinct), width), dtype=torch.long)
+    mask = torch.zeros((len(distinct), width), dtype=torch.long)
+    for i, p in enumerate(distinct):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     ids, mask = ids.to(engine.device), mask.to(engine.device)
@@ -99,7 +102,7 @@ def _prefill(engine: Engine, prompts: list[list[int]], owner: list[int]
     out = engine.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                        use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
-    index = torch.tensor(owner, device=engine.device)
+    index = torch.tensor([which[request] for request in owner], device=engine.device)
     cache.batch_select_indices(index)
     return cache, out.logits[:, -1].float()[index], mask[index]
 

@@ -26,9 +26,11 @@ def engine(chat_model_dir: str) -> Engine:
 def requests() -> list[SampleRequest]:
     """Prompts of different lengths (left padding), sample counts and budgets."""
     rng = np.random.default_rng(1)
-    return [SampleRequest(rng.integers(0, 390, length).tolist(), n, max_tokens, seed)
-            for length, n, max_tokens, seed in [(5, 1, 8, 11), (17, 3, 4, 12), (9, 2, 12, 13),
-                                                (1, 1, 6, 14)]]
+    out = [SampleRequest(rng.integers(0, 390, length).tolist(), n, max_tokens, seed)
+           for length, n, max_tokens, seed in [(5, 1, 8, 11), (17, 3, 4, 12), (9, 2, 12, 13),
+                                               (1, 1, 6, 14)]]
+    # and a group's: the same prompt in requests of one sample each (one prefill)
+    return out + [SampleRequest(out[2].prompt, 1, 5, seed) for seed in (21, 22)]
 
 
 def test_a_batch_samples_what_each_request_would_alone(engine: Engine) -> None:
