@@ -9,6 +9,7 @@ import asyncio
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
@@ -142,21 +143,12 @@ def _training_routes(app: FastAPI, service: Service) -> None:
         decoded = wire.decode_forward_backward(await request.body())
         return future(service.forward_backward(who, decoded), model_id=decoded.model_id)
 
-    @app.post("/api/v1/optim_step")
-    async def optim_step(who: Who, b: Body):
-        return future(service.optim_step(who, b), model_id=b.get("model_id"))
-
-    @app.post("/api/v1/save_weights")
-    async def save_weights(who: Who, b: Body):
-        return future(service.save_weights(who, b), model_id=b.get("model_id"))
-
-    @app.post("/api/v1/save_weights_for_sampler")
-    async def save_for_sampler(who: Who, b: Body):
-        return future(service.save_for_sampler(who, b), model_id=b.get("model_id"))
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(who: Who, b: Body):
-        return future(service.load_weights(who, b), model_id=b.get("model_id"))
+    # a model's JSON operations: each answers with the future of its work
+    for path, operation in {"optim_step": service.optim_step,
+                            "save_weights": service.save_weights,
+                            "save_weights_for_sampler": service.save_for_sampler,
+                            "load_weights": service.load_weights}.items():
+        app.post(f"/api/v1/{path}", name=path)(_model_operation(operation))
 
     @app.get("/api/v1/training_runs/{model_id}/checkpoints")
     async def checkpoints(model_id: str, who: Who):
@@ -173,6 +165,13 @@ def _training_routes(app: FastAPI, service: Service) -> None:
         mine = {m.model_id for m in service.ledger.models(who)}
         return {"operations": [list(op) for op in list(service.worker.timeline)
                                if op[0] in mine or _sampler_of(service, who, op[0])]}
+
+
+def _model_operation(operation: Callable[[str, dict[str, Any]], Pending]
+                     ) -> Callable[..., Any]:
+    async def handle(who: Who, b: Body) -> dict[str, Any]:
+        return future(operation(who, b), model_id=b.get("model_id"))
+    return handle
 
 
 def _sampler_of(service: Service, owner: str, lane: str) -> bool:

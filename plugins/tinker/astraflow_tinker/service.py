@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from astraflow_tinker import wire
 from astraflow_tinker.engine import AdamParams, Datum, Engine, EngineError, LoraSpec
@@ -93,13 +93,7 @@ class Service:
                                       "max_context_length": self.engine.context}]}
 
     def model(self, owner: str, model_id: str) -> Model:
-        model = self.ledger.model(model_id)
-        if model is None:
-            raise ServiceError(404, f"no model {model_id!r} (create it with "
-                                    "create_lora_training_client)")
-        if model.owner != owner:
-            raise ServiceError(403, f"model {model_id!r} belongs to another API key")
-        return model
+        return _owned(self.ledger.model(model_id), owner, f"model {model_id!r}")
 
     def info(self, owner: str, model_id: str) -> dict[str, Any]:
         model = self.model(owner, model_id)
@@ -263,12 +257,7 @@ class Service:
     def _owned_checkpoint(self, owner: str, path: Any) -> Checkpoint:
         if not isinstance(path, str) or not path.startswith("tinker://"):
             raise ServiceError(400, f"path {path!r}: expected tinker://<model>/<kind>/<name>")
-        checkpoint = self.ledger.checkpoint(path)
-        if checkpoint is None:
-            raise ServiceError(404, f"no checkpoint {path}")
-        if checkpoint.owner != owner:
-            raise ServiceError(403, f"checkpoint {path} belongs to another API key")
-        return checkpoint
+        return _owned(self.ledger.checkpoint(path), owner, f"checkpoint {path}")
 
     def load_weights(self, owner: str, body: dict[str, Any]) -> Pending:
         checkpoint = self._owned_checkpoint(owner, body.get("path"))
@@ -336,12 +325,7 @@ class Service:
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     def sampler(self, owner: str, sampler_id: str) -> Sampler:
-        sampler = self.ledger.sampler(sampler_id)
-        if sampler is None:
-            raise ServiceError(404, f"no sampler {sampler_id!r}")
-        if sampler.owner != owner:
-            raise ServiceError(403, f"sampler {sampler_id!r} belongs to another API key")
-        return sampler
+        return _owned(self.ledger.sampler(sampler_id), owner, f"sampler {sampler_id!r}")
 
     def sample(self, owner: str, body: dict[str, Any]) -> tuple[Pending, list[str]]:
         sampler = self.sampler(owner, str(body.get("sampling_session_id")))
@@ -419,6 +403,18 @@ class Service:
             self.engine.load_sampler(sampler.sampler_id, Path(sampler.dir))
             self._loaded_samplers.add(sampler.sampler_id)
         return sampler.sampler_id
+
+
+Owned = TypeVar("Owned", Model, Checkpoint, Sampler)
+
+
+def _owned(found: Owned | None, owner: str, what: str) -> Owned:
+    """``found`` if ``owner``'s: a 404 when there is none, a 403 when another key's."""
+    if found is None:
+        raise ServiceError(404, f"no {what}")
+    if found.owner != owner:
+        raise ServiceError(403, f"{what} belongs to another API key")
+    return found
 
 
 def _sampling_args(params: dict[str, Any], prompt_length: int, context: int) -> dict[str, Any]:
