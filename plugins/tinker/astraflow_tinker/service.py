@@ -112,13 +112,22 @@ class Service:
             raise ServiceError(400, f"base_model {base!r} is not served here; served: "
                                     f"[{self.served_name!r}]")
         lora = body.get("lora_config") or {}
-        spec = LoraSpec(rank=int(lora.get("rank", 32)), seed=lora.get("seed"),
+        if not isinstance(lora, dict):
+            raise ServiceError(400, "lora_config: expected an object")
+        spec = LoraSpec(rank=_count(lora, "rank", 32), seed=lora.get("seed"),
                         train_mlp=bool(lora.get("train_mlp", True)),
                         train_attn=bool(lora.get("train_attn", True)),
                         train_unembed=bool(lora.get("train_unembed", True)))
         if not 1 <= spec.rank <= 256:
             raise ServiceError(400, f"lora_config.rank={spec.rank}: expected 1..256")
-        model_id = f"{session_id}:train:{int(body.get('model_seq_id', 0))}"
+        if spec.seed is not None and not isinstance(spec.seed, int):
+            raise ServiceError(400, f"lora_config.seed={spec.seed!r}: expected an integer")
+        model_id = f"{session_id}:train:{_count(body, 'model_seq_id', 0)}"
+        known = self.ledger.model(model_id)
+        if known is not None:  # the same request again (a transport retry): the same model
+            _owned(known, owner, f"model {model_id!r}")
+            return self.worker.submit(model_id, "create_model", lambda: Outcome(
+                json={"model_id": model_id, "type": "create_model"}))
         self.ledger.add_model(model_id, session_id, owner, base, asdict(spec),
                               body.get("user_metadata") or {})
 
@@ -148,6 +157,8 @@ class Service:
         """Queue a model's operation, once per ``seq_id`` (the SDK's retries send it
         again under a new idempotency key)."""
         model = self.model(owner, model_id)
+        if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)):
+            raise ServiceError(400, f"seq_id={seq_id!r}: expected a whole number")
         if seq_id is not None and (model_id, seq_id) in self._seen:
             known = self.worker.futures.get(self._seen[(model_id, seq_id)])
             if known is not None:
@@ -211,6 +222,8 @@ class Service:
         if self.ledger.checkpoint(path) is not None and not body.get("overwrite"):
             raise ServiceError(400, f"checkpoint {path} exists; pass overwrite=True")
         ttl = body.get("ttl_seconds")
+        if ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0):
+            raise ServiceError(400, f"ttl_seconds={ttl!r}: expected a positive number")
         return Checkpoint(path, model_id, owner, kind, name,
                           str(self._checkpoint_dir(model_id, kind, name)), time.time(),
                           None if ttl is None else time.time() + float(ttl),
@@ -242,7 +255,7 @@ class Service:
     def _ephemeral_sampler(self, owner: str, model_id: str, body: dict[str, Any]) -> Pending:
         model = self.model(owner, model_id)
         sampler_id = (f"{model.session_id}:sample:"
-                      f"{int(body.get('sampling_session_seq_id') or 0)}")
+                      f"{_count(body, 'sampling_session_seq_id', 0)}")
         directory = self.state / "samplers" / hashlib.sha256(
             sampler_id.encode()).hexdigest()[:16]
 
@@ -269,7 +282,7 @@ class Service:
             session_id = str(body.get("session_id"))
             self.session(owner, session_id)
             source = self.ledger.model(checkpoint.model_id)
-            model_id = f"{session_id}:train:{int(body.get('model_seq_id', 0))}"
+            model_id = f"{session_id}:train:{_count(body, 'model_seq_id', 0)}"
             self.ledger.add_model(model_id, session_id, owner,
                                   source.base_model if source else self.served_name,
                                   source.spec if source else {}, body.get("user_metadata")
@@ -308,7 +321,7 @@ class Service:
     def create_sampler(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session_id = str(body.get("session_id"))
         self.session(owner, session_id)
-        sampler_id = f"{session_id}:sample:{int(body.get('sampling_session_seq_id', 0))}"
+        sampler_id = f"{session_id}:sample:{_count(body, 'sampling_session_seq_id', 0)}"
         path, base = body.get("model_path"), body.get("base_model")
         if path is not None:
             checkpoint = self._owned_checkpoint(owner, path)
@@ -338,6 +351,8 @@ class Service:
             if body.get(unsupported):
                 raise ServiceError(400, f"{unsupported} is not served by this server")
         params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise ServiceError(400, "sampling_params: expected an object")
         args = _sampling_args(params, len(prompt), self.engine.context)
         lane = f"sampler:{sampler.sampler_id}"
         if body.get("prompt_logprobs"):  # a prompt scored (compute_logprobs): alone
@@ -405,6 +420,16 @@ class Service:
         return sampler.sampler_id
 
 
+def _count(body: dict[str, Any], key: str, default: int) -> int:
+    """``body[key]``, a whole number of at least 0 (a 400 naming it otherwise)."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ServiceError(400, f"{key}={value!r}: expected a whole number >= 0")
+    return value
+
+
 Owned = TypeVar("Owned", Model, Checkpoint, Sampler)
 
 
@@ -432,6 +457,18 @@ def _sampling_args(params: dict[str, Any], prompt_length: int, context: int) -> 
     if stop is not None and not (all(isinstance(s, str) for s in stop)
                                  or all(isinstance(s, int) for s in stop)):
         raise ServiceError(400, "sampling_params.stop: strings or token ids, not both")
-    return {"max_tokens": max_tokens, "temperature": float(params.get("temperature", 1.0)),
-            "top_k": int(params.get("top_k", -1)), "top_p": float(params.get("top_p", 1.0)),
-            "stop": stop, "seed": params.get("seed")}
+    seed = params.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ServiceError(400, f"sampling_params.seed={seed!r}: expected an integer")
+    return {"max_tokens": max_tokens, "temperature": _number(params, "temperature", 1.0),
+            "top_k": int(_number(params, "top_k", -1)), "top_p": _number(params, "top_p", 1.0),
+            "stop": stop, "seed": seed}
+
+
+def _number(params: dict[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ServiceError(400, f"sampling_params.{key}={value!r}: expected a number")
+    return float(value)

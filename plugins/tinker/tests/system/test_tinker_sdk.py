@@ -190,3 +190,48 @@ def test_a_killed_server_comes_back_with_the_tenants_saved_states(chat_model_dir
         # the old client's model is back at its last saved state, and it trains on too
         back = tc.forward(rows, "cross_entropy").result(timeout=120).metrics["loss:sum"]
         assert back == pytest.approx(at_save, rel=1e-5)
+
+
+def test_malformed_payloads_get_a_4xx_that_says_what_is_wrong(url):
+    """What no SDK sends, sent anyway: a 4xx naming the fault, never a 5xx."""
+    import httpx
+
+    headers = {"X-API-Key": ALICE}
+    session = httpx.post(f"{url}/api/v1/create_session", headers=headers, json={}).json()
+    cases = [
+        ("create_model", b"not json", "not JSON"),
+        ("create_model", b"[1, 2]", "JSON object"),
+        ("create_model", {"session_id": session["session_id"], "base_model": NAME,
+                          "lora_config": {"rank": "eight"}}, "rank"),
+        ("create_model", {"session_id": session["session_id"], "base_model": NAME,
+                          "model_seq_id": -1}, "model_seq_id"),
+        ("forward_backward", b"\x00\xff garbage", "ForwardBackwardRequest"),
+        ("optim_step", {"model_id": "nobody:train:0", "adam_params": {}}, "no model"),
+        ("asample", {"sampling_session_id": "nothing", "prompt": {"chunks": []}},
+         "no sampler"),
+        ("create_sampling_session", {"session_id": session["session_id"],
+                                     "base_model": NAME}, None),
+    ]
+    for path, body, says in cases:
+        if says is None:  # a request that succeeds, to have a sampler to send garbage to
+            sampler = httpx.post(f"{url}/api/v1/{path}", headers=headers, json=body).json()
+            continue
+        content = {"content": body} if isinstance(body, bytes) else {"json": body}
+        kind = ("application/x-protobuf" if path == "forward_backward"
+                else "application/json")
+        answer = httpx.post(f"{url}/api/v1/{path}", headers={**headers, "content-type": kind},
+                            **content)
+        assert 400 <= answer.status_code < 500, (path, answer.status_code, answer.text)
+        assert says in answer.json()["detail"], (path, answer.text)
+    sampler_id = sampler["sampling_session_id"]
+    for params, says in [("hot", "sampling_params"), ({"temperature": "hot"}, "temperature"),
+                         ({"max_tokens": 10**9}, "max_tokens"), ({"seed": 1.5}, "seed")]:
+        answer = httpx.post(f"{url}/api/v1/asample", headers=headers, json={
+            "sampling_session_id": sampler_id, "num_samples": 1, "sampling_params": params,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}})
+        assert answer.status_code == 400 and says in answer.json()["detail"], answer.text
+    # no key at all, and a body over the limit
+    assert httpx.post(f"{url}/api/v1/create_session", json={}).status_code == 401
+    big = httpx.post(f"{url}/api/v1/create_session", headers=headers,
+                     content=b"x" * (65 << 20))
+    assert big.status_code == 413
