@@ -115,10 +115,10 @@ def main() -> None:
     for i in range(args.samples):
         engine.sample("t0", prompt, 1, args.new, seed=i, stop=[])
     single = time.perf_counter() - began
-    from astraflow_tinker.sampling import SampleRequest, sample_many
+    from astraflow_tinker.sampling import SampleRequest
 
     began = time.perf_counter()
-    sample_many(engine, "t0", [SampleRequest(prompt, 1, args.new, i)
+    engine.sample_many("t0", [SampleRequest(prompt, 1, args.new, i)
                                for i in range(args.samples)], stop=[])
     together = time.perf_counter() - began
     print(f"  sampling {args.samples} x {args.new} tokens: one request {batched:.2f} s; "

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from astraflow_tinker.losses import EngineError, adamw, gather_logprobs, resolve
-from astraflow_tinker.sampling import generator_for, pick
+from astraflow_tinker.sampling import Sample, SampleRequest, decode, generator_for, pick
 
 LORA_ALPHA = 32
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -68,13 +68,6 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-
-
-@dataclass
-class Sample:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str  # "stop" | "length"
 
 
 @dataclass
@@ -318,6 +311,20 @@ class Engine:
                 out = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
                 cache, logits = out.past_key_values, out.logits[:, -1].float()
         return samples, prompt_lp
+
+    def sample_many(self, sampler: str | None, requests: list[SampleRequest],
+                    temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
+                    stop: list[int] | list[str] | None = None) -> list[list[Sample]]:
+        """Each request's samples, as :meth:`sample` would draw them alone, decoded as one
+        batch (:mod:`.sampling`)."""
+        adapter = self._sampler_adapter(sampler)
+        for i, r in enumerate(requests):
+            self._check_sample(r.prompt, r.num_samples, r.max_tokens, top_k, top_p,
+                               f"request {i}")
+        stop_ids, stop_texts = self._stops(stop)
+        self._use(adapter, trainable=False)
+        return decode(self.model, self.device, requests, temperature, top_k, top_p, stop_ids,
+                      (lambda tokens: self._stopped(tokens, stop_texts)) if stop_texts else None)
 
     # ---- internals -------------------------------------------------------------------
     def _check_sample(self, prompt: list[int], num_samples: int, max_tokens: int,

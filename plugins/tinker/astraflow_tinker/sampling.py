@@ -14,15 +14,20 @@ own ``max_tokens`` or stop sequence.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from astraflow_tinker.losses import gather_logprobs
 
-if TYPE_CHECKING:
-    from astraflow_tinker.engine import Engine, Sample
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
 
 
 @dataclass
@@ -33,30 +38,23 @@ class SampleRequest:
     seed: int | None = None
 
 
-def sample_many(engine: Engine, sampler: str | None, requests: list[SampleRequest],
-                temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
-                stop: list[int] | list[str] | None = None) -> list[list[Sample]]:
-    """Each request's samples (see :meth:`Engine.sample`), decoded in one batch."""
-    from astraflow_tinker.engine import Sample
-
+def decode(model: Any, device: torch.device, requests: list[SampleRequest],
+           temperature: float, top_k: int, top_p: float, stop_ids: set[int],
+           stopped: Callable[[list[int]], bool] | None) -> list[list[Sample]]:
+    """Each request's samples decoded in one batch on ``model`` (its adapter chosen);
+    ``stopped``: whether a row's tokens now end in a stop string."""
     if not requests:
         return []
-    adapter = engine._sampler_adapter(sampler)
-    for i, r in enumerate(requests):
-        engine._check_sample(r.prompt, r.num_samples, r.max_tokens, top_k, top_p,
-                             f"request {i}")
-    stop_ids, stop_texts = engine._stops(stop)
-    generators = [generator_for(engine.device, r.seed) for r in requests]
+    generators = [generator_for(device, r.seed) for r in requests]
     owner = [i for i, r in enumerate(requests) for _ in range(r.num_samples)]
     samples = [[Sample([], [], "length") for _ in range(r.num_samples)] for r in requests]
     slot = [j for r in requests for j in range(r.num_samples)]
-    engine._use(adapter, trainable=False)
     with torch.no_grad():
-        cache, logits, mask = _prefill(engine, [r.prompt for r in requests], owner)
+        cache, logits, mask = _prefill(model, device, [r.prompt for r in requests], owner)
         alive = list(range(len(owner)))  # rows still decoding, in the cache's order
         for _ in range(max(r.max_tokens for r in requests)):
-            token = torch.empty(len(alive), dtype=torch.long, device=engine.device)
-            lps = torch.empty(len(alive), device=engine.device)
+            token = torch.empty(len(alive), dtype=torch.long, device=device)
+            lps = torch.empty(len(alive), device=device)
             for i, rows in _by_request(alive, owner).items():
                 picked, lp = pick(logits[rows], temperature, top_k, top_p, generators[i])
                 token[rows], lps[rows] = picked, lp
@@ -66,26 +64,26 @@ def sample_many(engine: Engine, sampler: str | None, requests: list[SampleReques
                 s = samples[owner[at]][slot[at]]
                 s.tokens.append(tok)
                 s.logprobs.append(lp)
-                if tok in stop_ids or (stop_texts and engine._stopped(s.tokens, stop_texts)):
+                if tok in stop_ids or (stopped is not None and stopped(s.tokens)):
                     s.stop_reason = "stop"
                 elif len(s.tokens) < requests[owner[at]].max_tokens:
                     keep.append(row)
             if not keep:
                 break
             if len(keep) < len(alive):
-                index = torch.tensor(keep, device=engine.device)
+                index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
                 token, mask = token[index], mask[index]
                 alive = [alive[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
             positions = mask.sum(-1, keepdim=True) - 1
-            out = engine.model(input_ids=token[:, None], attention_mask=mask,
-                               position_ids=positions, past_key_values=cache, use_cache=True)
+            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                        past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1].float()
     return samples
 
 
-def _prefill(engine: Engine, prompts: list[list[int]], owner: list[int]
+def _prefill(model: Any, device: torch.device, prompts: list[list[int]], owner: list[int]
              ) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Each distinct prompt left-padded through one forward (a group's requests share
     theirs); the cache, last logits and attention mask repeated to each request's rows."""
@@ -97,12 +95,12 @@ def _prefill(engine: Engine, prompts: list[list[int]], owner: list[int]
     for i, p in enumerate(distinct):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    ids, mask = ids.to(engine.device), mask.to(engine.device)
+    ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = engine.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       use_cache=True, logits_to_keep=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
-    index = torch.tensor([which[request] for request in owner], device=engine.device)
+    index = torch.tensor([which[request] for request in owner], device=device)
     cache.batch_select_indices(index)
     return cache, out.logits[:, -1].float()[index], mask[index]
 

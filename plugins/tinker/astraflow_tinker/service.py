@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from astraflow_tinker import wire
 from astraflow_tinker.engine import AdamParams, Datum, Engine, EngineError, LoraSpec
 from astraflow_tinker.ledger import Checkpoint, Ledger, Model, Sampler
-from astraflow_tinker.sampling import SampleRequest, sample_many
+from astraflow_tinker.sampling import SampleRequest
 from astraflow_tinker.worker import Outcome, Pending, Worker
 
 log = logging.getLogger("astraflow.tinker")
@@ -384,8 +384,8 @@ class Service:
         for group in groups.values():
             args = group[0][1]
             try:
-                results = sample_many(self.engine, self._sampler_loaded(sampler),
-                                      [request for request, _, _ in group], **args)
+                results = self.engine.sample_many(self._sampler_loaded(sampler),
+                                                  [request for request, _, _ in group], **args)
                 outcomes = [Outcome(body=wire.encode_sample(r, None)) for r in results]
             except EngineError:
                 outcomes = [self._sample_alone(sampler, request, args)

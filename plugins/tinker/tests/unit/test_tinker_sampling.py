@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from astraflow_tinker.engine import AdamParams, Datum, Engine, LoraSpec
-from astraflow_tinker.sampling import SampleRequest, sample_many
+from astraflow_tinker.sampling import SampleRequest
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def requests() -> list[SampleRequest]:
 
 
 def test_a_batch_samples_what_each_request_would_alone(engine: Engine) -> None:
-    batched = sample_many(engine, "t", requests(), temperature=1.0, stop=[])
+    batched = engine.sample_many("t", requests(), temperature=1.0, stop=[])
     for request, got in zip(requests(), batched, strict=True):
         alone, _ = engine.sample("t", request.prompt, request.num_samples,
                                  request.max_tokens, seed=request.seed, stop=[])
@@ -46,9 +46,9 @@ def test_a_batch_samples_what_each_request_would_alone(engine: Engine) -> None:
 
 def test_each_request_stops_at_its_own_stop(engine: Engine) -> None:
     """A stop token ends a row of the batch without ending the others."""
-    free = sample_many(engine, "t", requests(), temperature=1.0, stop=[])
+    free = engine.sample_many("t", requests(), temperature=1.0, stop=[])
     stop_token = free[2][0].tokens[3]  # request 2's first row has it at position 3
-    stopped = sample_many(engine, "t", requests(), temperature=1.0, stop=[stop_token])
+    stopped = engine.sample_many("t", requests(), temperature=1.0, stop=[stop_token])
     row = stopped[2][0]
     assert row.stop_reason == "stop" and row.tokens[-1] == stop_token
     assert len(row.tokens) <= 4
