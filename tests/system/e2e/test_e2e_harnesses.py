@@ -64,4 +64,7 @@ def test_a_harness_trains_unchanged(tmp_path, terse_model_dir, example, command)
     errors = re.findall(r"gateway: \S+ answered [45]\d\d.*", proc.stdout + proc.stderr)
     assert not errors, errors[:5]
     # the trainer's own log-probs of what it trains: the sampled tokens, to float rounding
-    assert all(r["train/logprob_abs_diff"] < 1e-3 for r in train), train
+    # (a batch sampled by the version before, as the second can be on a loaded machine,
+    # differs by the step between them)
+    on_policy = [r for r in train if r["staleness_max"] == 0]
+    assert on_policy and all(r["train/logprob_abs_diff"] < 1e-3 for r in on_policy), train
