@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,12 +23,18 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from astraflow_tinker.losses import EngineError, adamw, gather_logprobs, resolve
 from astraflow_tinker.sampling import Sample, SampleRequest, decode, generator_for, pick
+from astraflow_tinker.statefiles import (
+    config_hash,
+    copy_into,
+    load_tensors,
+    save_tensors,
+    strip_prefix,
+    write_atomically,
+)
 
 LORA_ALPHA = 32
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -110,7 +112,7 @@ class Engine:
         self.context: int = int(getattr(cfg, "max_position_embeddings", None) or 2**31 - 1)
         self.arch: str = (getattr(cfg, "architectures", None) or [cfg.model_type])[0]
         self.vocab = int(self.model.get_input_embeddings().weight.shape[0])
-        self.config_sha256 = _config_hash(self.model_dir)
+        self.config_sha256 = config_hash(self.model_dir)
         eos = self.model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         if self.tokenizer.eos_token_id is not None:
@@ -194,9 +196,9 @@ class Engine:
             if optimizer:
                 moments = {f"exp_avg/{k}": v for k, v in t.exp_avg.items()}
                 moments |= {f"exp_avg_sq/{k}": v for k, v in t.exp_avg_sq.items()}
-                _save_tensors(moments, tmp / OPTIMIZER_WEIGHTS)
+                save_tensors(moments, tmp / OPTIMIZER_WEIGHTS)
             (tmp / STATE_JSON).write_text(json.dumps(meta, indent=1))
-        _write_atomically(Path(directory), write)
+        write_atomically(Path(directory), write)
 
     def load_state(self, tenant: str, directory: Path, optimizer: bool) -> None:
         directory = Path(directory)
@@ -208,19 +210,19 @@ class Engine:
             _check_rank(spec)
         except (TypeError, ValueError, KeyError) as exc:
             raise EngineError(f"{directory}: bad spec in {STATE_JSON}: {exc}") from None
-        weights = _load_tensors(directory / ADAPTER_WEIGHTS)
-        moments = _load_tensors(directory / OPTIMIZER_WEIGHTS) if optimizer else {}
+        weights = load_tensors(directory / ADAPTER_WEIGHTS)
+        moments = load_tensors(directory / OPTIMIZER_WEIGHTS) if optimizer else {}
         if tenant not in self._tenants:
             self._check_room()
         adapter = self._add_adapter("t", self._lora_config(spec), spec.seed or 0)
         try:
             t = _Tenant(spec, adapter, self._adapter_params(adapter))
-            _copy_into(t.params, weights, directory / ADAPTER_WEIGHTS)
+            copy_into(t.params, weights, directory / ADAPTER_WEIGHTS)
             t.reset_optimizer()
             if optimizer:
                 where = directory / OPTIMIZER_WEIGHTS
-                _copy_into(t.exp_avg, _strip(moments, "exp_avg/"), where)
-                _copy_into(t.exp_avg_sq, _strip(moments, "exp_avg_sq/"), where)
+                copy_into(t.exp_avg, strip_prefix(moments, "exp_avg/"), where)
+                copy_into(t.exp_avg_sq, strip_prefix(moments, "exp_avg_sq/"), where)
                 t.step = step
         except BaseException:
             self._delete_adapter(adapter)
@@ -231,7 +233,7 @@ class Engine:
 
     def save_sampler(self, tenant: str, directory: Path) -> None:
         t = self._tenant(tenant)
-        _write_atomically(Path(directory), lambda tmp: self._write_adapter(t, tmp))
+        write_atomically(Path(directory), lambda tmp: self._write_adapter(t, tmp))
 
     def load_sampler(self, name: str, directory: Path) -> None:
         directory = Path(directory)
@@ -243,14 +245,14 @@ class Engine:
             raise EngineError(f"{directory}/{ADAPTER_JSON}: {exc}") from None
         if not isinstance(config, LoraConfig):
             raise EngineError(f"{directory}: not a LoRA adapter")
-        weights = _load_tensors(directory / ADAPTER_WEIGHTS)
+        weights = load_tensors(directory / ADAPTER_WEIGHTS)
         config.inference_mode = True
         try:
             adapter = self._add_adapter("s", config, 0)
         except (ValueError, TypeError, KeyError) as exc:
             raise EngineError(f"{directory}: cannot apply to {self.base_name}: {exc}") from None
         try:
-            _copy_into(self._adapter_params(adapter), weights, directory / ADAPTER_WEIGHTS)
+            copy_into(self._adapter_params(adapter), weights, directory / ADAPTER_WEIGHTS)
         except BaseException:
             self._delete_adapter(adapter)
             raise
@@ -424,7 +426,7 @@ class Engine:
         config = copy.deepcopy(self._peft.peft_config[t.adapter])
         config.inference_mode = True
         config.save_pretrained(str(directory))
-        _save_tensors({k: p.detach() for k, p in t.params.items()}, directory / ADAPTER_WEIGHTS)
+        save_tensors({k: p.detach() for k, p in t.params.items()}, directory / ADAPTER_WEIGHTS)
 
     def _read_state_meta(self, directory: Path) -> dict[str, Any]:
         try:
@@ -526,64 +528,3 @@ class Engine:
 def _check_rank(spec: LoraSpec) -> None:
     if not isinstance(spec.rank, int) or spec.rank < 1:
         raise EngineError(f"rank={spec.rank!r}: must be an integer of at least 1")
-
-
-def _config_hash(model_dir: Path) -> str:
-    """The base checkpoint's config.json, less the fields a re-save changes."""
-    config = json.loads((model_dir / "config.json").read_text())
-    for key in ("transformers_version", "_name_or_path"):
-        config.pop(key, None)
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-
-
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path),
-              metadata={"format": "pt"})
-
-
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path))
-    except (OSError, SafetensorError) as exc:
-        raise EngineError(f"{path}: unreadable ({exc})") from None
-
-
-def _strip(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-def _copy_into(dest: dict[str, Any], source: dict[str, torch.Tensor], where: Path) -> None:
-    """Copy ``source`` into ``dest``, which must have the same keys and shapes."""
-    if set(dest) != set(source):
-        missing, extra = sorted(set(dest) - set(source)), sorted(set(source) - set(dest))
-        raise EngineError(f"{where}: tensors do not match the adapter (missing "
-                          f"{missing[:3]}, unexpected {extra[:3]})")
-    for k, v in source.items():
-        if tuple(v.shape) != tuple(dest[k].shape):
-            raise EngineError(f"{where}: {k} has shape {tuple(v.shape)}, the adapter's is "
-                              f"{tuple(dest[k].shape)}")
-    with torch.no_grad():
-        for k, v in source.items():
-            dest[k].copy_(v)
-
-
-def _write_atomically(directory: Path, write: Callable[[Path], None]) -> None:
-    """Write a directory under a temporary name, then rename it into place: a kill leaves
-    either the old directory or the new one (renamed aside for a moment in between)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        write(tmp)
-        for path in tmp.iterdir():
-            with path.open("rb") as f:
-                os.fsync(f.fileno())
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
-            os.rename(directory, old / "state")
-            os.rename(tmp, directory)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -144,10 +144,6 @@ class Ledger:
             "SELECT model_id FROM models WHERE owner = ? ORDER BY created", (owner,))]
         return [m for m in (self.model(i) for i in ids) if m is not None]
 
-    def touch(self, model_id: str) -> None:
-        self._write("UPDATE models SET last_request = ? WHERE model_id = ?",
-                    (time.time(), model_id))
-
     # checkpoints
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
         c = checkpoint
@@ -179,9 +175,6 @@ class Ledger:
         paths = [r[0] for r in self._rows(
             "SELECT path FROM checkpoints WHERE model_id = ? ORDER BY created", (model_id,))]
         return [c for c in (self.checkpoint(p) for p in paths) if c is not None]
-
-    def drop_checkpoint(self, path: str) -> None:
-        self._write("DELETE FROM checkpoints WHERE path = ?", (path,))
 
     # samplers
     def add_sampler(self, sampler: Sampler) -> None:

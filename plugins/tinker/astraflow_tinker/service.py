@@ -68,6 +68,9 @@ class Service:
         #: the SDK's retry of one with the same future (bounded: the oldest go first)
         self._seen: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._loaded_samplers: set[str] = set()
+        #: when each model was last asked for work (this server's life; the ledger's
+        #: value before it)
+        self._last_request: dict[str, float] = {}
         #: sample requests waiting for their sampler's next batch
         self._waiting: dict[str, list[tuple[SampleRequest, dict[str, Any], Pending]]] = {}
         self._waiting_lock = threading.Lock()
@@ -163,7 +166,7 @@ class Service:
             known = self.worker.futures.get(self._seen[(model_id, seq_id)])
             if known is not None:
                 return known
-        self.ledger.touch(model_id)
+        self._last_request[model_id] = time.time()  # kept in memory: no fsync per call
 
         def run() -> Outcome:
             self._tenant(model)
@@ -314,7 +317,8 @@ class Service:
         return {"training_run_id": model_id, "base_model": model.base_model,
                 "model_owner": owner, "is_lora": True, "lora_rank": model.spec["rank"],
                 "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                   time.gmtime(model.last_request)),
+                                                   time.gmtime(self._last_request.get(
+                                                       model_id, model.last_request))),
                 "user_metadata": model.metadata or None}
 
     # ---- sampling -----------------------------------------------------------------------

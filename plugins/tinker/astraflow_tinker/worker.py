@@ -90,10 +90,6 @@ class Worker:
         pending.finished = time.monotonic()
         self._loop.call_soon_threadsafe(_settle, pending.done, outcome)
 
-    def queued(self, lane: str) -> int:
-        with self._cv:
-            return len(self._lanes.get(lane, ()))
-
     def _take(self) -> tuple[Pending, Callable[[], Outcome]] | None:
         """The next operation, round robin over the lanes with work; None when stopping."""
         with self._cv:
