@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
-from astraflow.launch import preload
+from astraflow.launch import preload, stopping
 from astraflow.launch.lifecycle import READY_ENV
 from astraflow.launch.oom import MemoryWatch, reap
 from astraflow.launch.preload import ForkedProcess
@@ -35,6 +34,9 @@ from astraflow.loggers.base import Loggers, check_loggers
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token
 
+#: seconds an interrupted or failed run's stop may take before what is left is killed
+#: (two stops of 20 s, each then SIGKILL and 10 s, plus the loggers' last flush)
+STOP_BOUND = 90.0
 #: lines of nanobind's report of leaked objects, printed as an interpreter exits
 EXIT_NOISE = re.compile(r"nanobind: |See https://nanobind\.| - leaked | - \.\.\. skipped ")
 
@@ -343,13 +345,26 @@ class LocalRun:
             try:
                 child.proc.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+                stopping.kill_groups({child.name: child.proc.pid})
+                try:  # bounded: a process in uninterruptible I/O takes SIGKILL late
+                    child.proc.wait(10.0)
+                except subprocess.TimeoutExpired:
+                    print(f"astraflow: {child.name} (pid {child.proc.pid}, state "
+                          f"{stopping.process_state(child.proc.pid)}) has not ended 10 s "
+                          "after SIGKILL", file=sys.stderr)
         if names is None and self.preloader is not None:
             self.preloader.close()
             self.preloader = None
         if names is None and self.memory.highest:  # what each component took at its peak
             self.event(event="peak_memory", peaks=dict(self.memory.highest))
+
+    def running(self) -> dict[str, int]:
+        """Name -> pid of each process the launcher started that it has not seen end."""
+        pids = {c.name: c.proc.pid for c in self.children.values()
+                if c.proc.returncode is None and c.proc.pid is not None}
+        if self.preloader is not None:
+            pids["preloaded parent"] = self.preloader.proc.pid
+        return pids
 
 
 @dataclass
@@ -499,19 +514,6 @@ def prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
     return cfg, run_dir, evaluated
 
 
-def _interrupted(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, ``timeout``, a batch scheduler) stops the run as Ctrl-C does.
-    Python's default would end the launcher alone: its components would get SIGTERM
-    from the kernel all at once, and nodes would wait minutes for the data layer that
-    just went away to take their leases back."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupted)
-
-
 def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         preloader: preload.Preloader | None = None) -> int:
     """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's),
@@ -529,7 +531,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         print(f"astraflow: task={cfg.task.name} has no held-out split, so no evaluator is "
               "started" + (" (task.eval_files or task.eval_size give one)"
                            if "eval_size" in cfg.task else ""), file=sys.stderr)
-    _stop_on_sigterm()
+    stopping.stop_on_sigterm()
     loggers = Loggers(cfg, run_dir)
     try:
         job.start_dataflow()
@@ -564,16 +566,18 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         # the stop is bounded (each component gets SIGTERM, then SIGKILL)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        # nodes first, as at a run's end: they hand in what they finished while the data
-        # layer is there (stopped together, a node waited its leave grace, 20 s, for it)
-        job.stop([n for n in job.children if n.startswith("raas-")])
-        job.stop()
-        loggers.close()
+        with stopping.StopDeadline(job.running, STOP_BOUND, code=130):
+            # nodes first, as at a run's end: they hand in what they finished while the
+            # data layer is there (stopped together, a node waited its leave grace for it)
+            job.stop([n for n in job.children if n.startswith("raas-")])
+            job.stop()
+            loggers.close()
         return 130
     except (RuntimeError, TimeoutError) as exc:
         print(f"astraflow: error: {exc}", file=sys.stderr)
-        job.stop()
-        loggers.close()
+        with stopping.StopDeadline(job.running, STOP_BOUND, code=1):
+            job.stop()
+            loggers.close()
         return 1
     job.stop([n for n in job.children if n.startswith("raas-")])
     job.stop()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -224,9 +225,11 @@ def test_ctrl_c_or_kill_stops_every_component(tmp_path, tiny_model_dir, sig):
     launcher = _start_endless_run(run_dir, tiny_model_dir, subprocess.PIPE)
     try:
         launcher.send_signal(getattr(signal, sig))
-        _, err = launcher.communicate(timeout=120)
+        _, err = launcher.communicate(timeout=150)  # the stop's bound is 90 s
         assert launcher.returncode == 130, err[-2000:]
         assert "stopping every component" in err
+        if "stopping took over" in err:  # bounded, but slow: say where it was stuck
+            warnings.warn(f"the stop reached its bound: {err[-4000:]}", stacklevel=1)
         assert _processes_mentioning(str(run_dir)) == []
     finally:  # a failure must not leave an endless run training for the rest of the suite
         launcher.kill()
