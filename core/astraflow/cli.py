@@ -246,9 +246,25 @@ def config_error(exc: Exception, overrides: list[str]) -> str:
     return str(exc)
 
 
+def _bare_word(arg: str) -> bool:
+    """An argument that is neither an option nor a Hydra override (``key=value``,
+    ``~key``, ``+group=option``)."""
+    return "=" not in arg and not arg.startswith(("-", "~", "+"))
+
+
 def main(argv: list[str] | None = None) -> None:
     _load_subcommands()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and _bare_word(argv[0]):
+        # not a command, and no override either (an override has an '='): a typo
+        import difflib
+
+        near = difflib.get_close_matches(argv[0], [c for c in COMMANDS if c[0] != "_"], n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        print(f"astraflow: unknown command '{argv[0]}': {hint}the commands are "
+              f"{', '.join(sorted(c for c in COMMANDS if c[0] != '_'))}; a run takes "
+              "overrides as key=value", file=sys.stderr)
+        sys.exit(2)
     name = argv.pop(0) if argv and argv[0] in COMMANDS else "run"
     if name == "run" and ("-h" in argv or "--help" in argv):
         sys.exit(_help(argv))

@@ -70,6 +70,17 @@ def test_help_on_an_unknown_option_is_one_line_naming_the_options():
                                    "sim, vllm")
 
 
+def test_a_mistyped_command_is_one_line_naming_the_commands():
+    proc = cli("tinkr", "--model", "x")
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = proc.stderr.strip()
+    assert "\n" not in line
+    assert line.startswith("astraflow: unknown command 'tinkr': did you mean 'tinker'?")
+    assert "dataflow" in line and "_preload" not in line
+    # a run's overrides are not commands
+    assert "unknown command" not in cli("--help", "raas=sim").stderr
+
+
 def test_cfg_job_prints_the_composed_config_as_hydra_does():
     for flags in (["--cfg", "job"], ["-c", "job"], ["--cfg=job"], ["--cfg"]):
         proc = cli(*flags, "steps=7", "raas=sim")
