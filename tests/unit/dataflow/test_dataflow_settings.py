@@ -55,3 +55,29 @@ def test_a_data_layer_started_alone_has_the_run_configs_defaults(tmp_path):
         DataflowSettings(store=str(tmp_path), lease_seconds=0)
     with pytest.raises(ConfigError, match=r"^policies.solver.max_staleness=-1: must be >= 0"):
         DataflowSettings(store=str(tmp_path), policies={"solver": -1})
+
+
+def test_the_standalone_flags_are_the_settings_with_the_schemas_defaults(tmp_path):
+    """``astraflow dataflow``'s flags come from the settings: each has one, its help
+    states the run config's default, and a policy named without a bound gets the derived
+    one (the run's default) -- no flag list or default kept by hand beside the schema."""
+    import argparse
+
+    from astraflow.config import DataflowConfig
+    from astraflow.dataflow.cli import _parser, _settings
+
+    parser = _parser()
+    flags = {a.dest: a for a in parser._actions if isinstance(a, argparse.Action)}
+    scalar = [f.name for f in dataclasses.fields(DataflowSettings)
+              if isinstance(f.default, int | float | str) and f.name != "hot_routes"]
+    assert scalar and all(name in flags for name in scalar)
+    assert f"default {DataflowConfig().lease_seconds}" in flags["lease_seconds"].help
+    assert "derived" in flags["policy"].help
+
+    args = parser.parse_args(["--store", str(tmp_path), "--lease-seconds", "7",
+                              "--overload-lag", "0", "--policy", "solver", "--policy", "v=3"])
+    got = _settings(args)
+    assert (got.lease_seconds, got.overload_lag) == (7.0, 0.0)
+    assert got.policies == {"solver": PolicyConfig().max_staleness, "v": 3}
+    with pytest.raises(ConfigError, match=r"lease_seconds=0.0: must be > 0"):
+        _settings(parser.parse_args(["--store", str(tmp_path), "--lease-seconds", "0"]))
