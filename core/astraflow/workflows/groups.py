@@ -155,15 +155,33 @@ async def first_of(sample: Callable[[int], Awaitable[T]], started: int, keep: in
 
     tasks = [asyncio.ensure_future(timed(i)) for i in range(started)]
     finished: list[tuple[int, float, T]] = []
-    pending = set(tasks)
+    # counted as each sample ends (not asyncio.wait in a loop, which re-registers a
+    # callback on every sample still running each time one ends)
+    enough: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    need, left = (started if audit else keep), started
+
+    def ended(task: asyncio.Task[tuple[int, float, T]]) -> None:
+        nonlocal left
+        left -= 1
+        if enough.done():
+            return
+        if task.cancelled():  # by someone else: the group is cancelled with it
+            enough.cancel()
+        elif (error := task.exception()) is None:
+            finished.append(task.result())
+            if len(finished) >= need or not left:
+                enough.set_result(None)
+        elif len(finished) < keep:
+            enough.set_exception(error)  # a failed sample fails the group
+        elif not left:  # an audited group's sample past those kept: not its failure
+            enough.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(ended)
     try:
-        while pending and len(finished) < (started if audit else keep):
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=tasks.index):
-                if len(finished) >= keep and task.exception() is not None:
-                    continue  # an audited group's sample past those kept: not its failure
-                finished.append(task.result())  # raises a failed sample's error
+        await enough
     finally:
+        pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         if pending:
