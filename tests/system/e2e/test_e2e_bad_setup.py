@@ -121,8 +121,17 @@ def test_a_mistyped_setting_names_the_settings_it_could_be(tmp_path):
     proc = launch(tmp_path, "workflow=agent", "agent.fucntion=run")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[0]
-    assert "workflow.fucntion is not a setting" in line and "function" in line
+    # named as typed: agent.x is short for workflow.x of workflow=agent
+    assert "agent.fucntion is not a setting; agent has: " in line and "function" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_an_agent_setting_on_a_run_without_an_agent_says_so(tmp_path):
+    proc = launch(tmp_path, "agent.max_turns=3")
+    assert proc.returncode == 2 and not (tmp_path / "run").exists()
+    line = proc.stderr.strip().splitlines()[0]
+    assert "agent.max_turns is not a setting of this run" in line
+    assert "this run's workflow is single_turn" in line
 
 
 def test_a_mistyped_setting_in_a_section_names_the_nearest(tmp_path):
