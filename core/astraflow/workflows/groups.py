@@ -178,6 +178,8 @@ async def first_of(sample: Callable[[int], Awaitable[T]], started: int, keep: in
 
     for task in tasks:
         task.add_done_callback(ended)
+    if need <= 0 or not tasks:  # nothing to wait for
+        enough.set_result(None)
     try:
         await enough
     finally:

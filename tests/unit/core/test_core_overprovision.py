@@ -104,6 +104,46 @@ def test_a_failed_sample_fails_the_group_and_cancels_the_others():
     assert sorted(cancelled) == [0, 2, 3, 4, 5]
 
 
+def test_a_group_cancelled_from_outside_cancels_every_sample():
+    """A node that leaves cancels its rollouts: none of a group's samples runs on."""
+    cancelled: list[int] = []
+
+    async def sample(i: int) -> int:
+        try:
+            await asyncio.sleep(5.0)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return i
+
+    async def main() -> None:
+        group = asyncio.ensure_future(first_of(sample, 6, 4))
+        await asyncio.sleep(0.01)
+        group.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await group
+
+    _run(main())
+    assert sorted(cancelled) == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_audited_sample_that_fails_past_those_kept_does_not_fail_the_group():
+    async def sample(i: int) -> int:
+        await asyncio.sleep(0.01 * i)
+        if i == 5:
+            raise ValueError("the environment broke late")
+        return i
+
+    plan = GroupPlan(size=4, extra=2, audit=True)
+
+    async def main() -> list[int]:
+        with planned(plan):
+            return await first_of(sample, *sizes(4))
+
+    assert _run(main()) == [0, 1, 2, 3]
+    assert len(plan.seconds) == 5  # the five that ended
+
+
 def _lognormal(n: int, median: float, sigma: float, seed: int = 0) -> list[float]:
     rng = random.Random(seed)
     return [median * math.exp(rng.gauss(0.0, sigma)) for _ in range(n)]
