@@ -47,6 +47,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "astraflow.errors": ("AstraFlowError", "ConfigError"),
     "astraflow.config": ("setting",),
     "astraflow.deprecation": ("AstraFlowDeprecationWarning", "deprecated"),
+    "astraflow.trajectory": ("TrajectoryBuilder", "without_stop"),
     "astraflow.workflows.builder": ("TrajectoryBuilder", "EnvWorkflow", "EnvConfig",
                                     "AttemptsWorkflow", "with_defaults", "without_stop"),
     "astraflow.workflows.single_turn": ("SingleTurnWorkflow", "SingleTurnConfig"),

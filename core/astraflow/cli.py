@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     if name == "run" and ("-h" in argv or "--help" in argv):
         sys.exit(_help(argv))
     if name != "run":
-        from astraflow.launch.lifecycle import end_with_launcher
+        from astraflow.lifecycle import end_with_launcher
 
         end_with_launcher()
     try:

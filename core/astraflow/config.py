@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from astraflow.errors import ConfigError, UnknownOptionError
-from astraflow.launch.options import LAUNCHERS
+from astraflow.launcher_options import LAUNCHERS
 from astraflow.plugins import (
     GROUP_KINDS,
     MULTI_GROUPS,

@@ -28,7 +28,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from astraflow.components import build_workflow, role_map
-from astraflow.launch.lifecycle import mark_ready
+from astraflow.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.raas.engines import EnginePolicy, start_engines
 from astraflow.rewards.base import reward_metric_means

@@ -5,18 +5,16 @@ shows one group (``--help raas``), one option's settings with defaults and docs
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
-import io
 import textwrap
-import tokenize
 import typing
 from importlib import resources
 from typing import Any
 
 from astraflow import __version__
 from astraflow.errors import ConfigError
+from astraflow.fielddocs import field_docs
 
 USAGE = """\
 usage: python -m astraflow [OVERRIDES...]          run a job on this machine
@@ -26,38 +24,6 @@ usage: python -m astraflow [OVERRIDES...]          run a job on this machine
 
 Overrides are Hydra's: GROUP=OPTION picks an option (raas=vllm, also +raas=vllm),
 KEY=VALUE sets a setting (steps=20 trainer.lr=1e-4), +experiment=NAME applies a preset."""
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The comments that document a dataclass's fields: the ``#:`` / ``#`` lines just
-    above a field and the comment after it on its line, by field name."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    lines = source.splitlines()
-    comments: dict[int, str] = {}
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT:
-                comments[tok.start[0]] = tok.string.lstrip("#:").strip()
-    except (tokenize.TokenError, IndentationError):
-        return {}
-    body = ast.parse(source).body[0]
-    docs = {}
-    for node in getattr(body, "body", []):
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        above: list[str] = []
-        row = node.lineno - 1
-        while row >= 1 and lines[row - 1].strip().startswith("#"):
-            above.insert(0, comments.get(row, ""))
-            row -= 1
-        inline = comments.get(node.end_lineno or node.lineno, "")
-        text = " ".join(part for part in (*above, inline) if part)
-        if text:
-            docs[node.target.id] = text
-    return docs
 
 
 def class_doc(cls: type) -> str:
@@ -116,7 +82,7 @@ def _file_options(group: str) -> dict[str, str]:
 
 def _schema_options(group: str) -> dict[str, type]:
     """The core's own options of a group that no plugin provides (the launchers)."""
-    from astraflow.launch.options import LAUNCHERS
+    from astraflow.launcher_options import LAUNCHERS
 
     return dict(LAUNCHERS) if group == "launcher" else {}
 

@@ -46,7 +46,7 @@ def _flags() -> list[dataclasses.Field[Any]]:
 def _docs() -> dict[str, str]:
     """Each setting's ``#:`` comment, where the settings declare it or where they take it
     from (the run config's schema)."""
-    from astraflow.helptext import field_docs
+    from astraflow.fielddocs import field_docs
 
     return {**field_docs(AstraFlowConfig), **field_docs(DataflowConfig),
             **field_docs(DataflowSettings)}

@@ -24,7 +24,7 @@ from astraflow.dataflow import listen
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.service import DataflowService
 from astraflow.dataflow.settings import DataflowSettings
-from astraflow.launch.lifecycle import mark_ready
+from astraflow.lifecycle import mark_ready
 from astraflow.plugins import Registry
 
 URL_FILE = "url"

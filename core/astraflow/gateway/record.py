@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import Generation, RewardOutcome, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
 
 
 def canonical(messages: list[dict[str, Any]]) -> list[tuple]:

@@ -116,7 +116,7 @@ def _torchrun(world_size: int, argv: list[str]) -> None:
     """
     import sys
 
-    from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
+    from astraflow.lifecycle import LAUNCHER_ENV, READY_ENV
 
     if READY_ENV in os.environ:  # started by a launcher: the ranks end with this process
         os.environ[LAUNCHER_ENV] = str(os.getpid())

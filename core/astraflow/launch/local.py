@@ -26,10 +26,10 @@ from astraflow.components import policy_names, resolve_policies
 from astraflow.config import ModelConfig
 from astraflow.errors import ConfigError
 from astraflow.launch import preload, stopping
-from astraflow.launch.lifecycle import READY_ENV
 from astraflow.launch.oom import MemoryWatch, reap
 from astraflow.launch.preload import ForkedProcess
 from astraflow.launch.report import write_report
+from astraflow.lifecycle import READY_ENV
 from astraflow.loggers.base import Loggers, check_loggers
 from astraflow.plugins import get_registry
 from astraflow.security import TOKEN_ENV, resolve_token

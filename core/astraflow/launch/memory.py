@@ -487,7 +487,7 @@ def node_count(cfg: DictConfig) -> int:
     launcher = cfg.get("launcher") or {}
     grow = int(cfg.max_nodes) if cfg.get("autoscale") else 0
     if launcher.get("kind") == "ray":
-        from astraflow.launch.options import PoolConfig
+        from astraflow.launcher_options import PoolConfig
 
         pools = launcher.get("pools") or {}
         if not pools:

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from astraflow.launch.lifecycle import LAUNCHER_ENV
+from astraflow.lifecycle import LAUNCHER_ENV
 
 #: modules every Python component imports, heavy ones first
 BASE_MODULES = ("numpy", "torch", "transformers", "transformers.modeling_utils",

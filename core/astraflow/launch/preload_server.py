@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import Any
 
-from astraflow.launch.lifecycle import LAUNCHER_ENV
+from astraflow.lifecycle import LAUNCHER_ENV
 
 #: how long a forked component waits to be adopted by the launcher before it starts
 ADOPTION_TIMEOUT = 5.0

@@ -40,8 +40,8 @@ from omegaconf import DictConfig
 from astraflow.components import trainer_settings
 from astraflow.errors import ConfigError
 from astraflow.launch.local import Child, LocalRun
-from astraflow.launch.options import PoolConfig
 from astraflow.launch.ray_actor import WORK, RayProc, component_actor
+from astraflow.launcher_options import PoolConfig
 from astraflow.security import TOKEN_ENV
 
 #: how long a copy of a file's new bytes may take before it waits for the next look

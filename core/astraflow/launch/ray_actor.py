@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from astraflow.launch.lifecycle import LAUNCHER_ENV, READY_ENV
+from astraflow.lifecycle import LAUNCHER_ENV, READY_ENV
 
 #: how long a poll of an actor may take before the component is taken as still running
 #: (and asked again at the next look)

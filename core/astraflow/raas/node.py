@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
-from astraflow.launch.lifecycle import mark_ready
+from astraflow.lifecycle import mark_ready
 from astraflow.raas.engines import EnginePolicy, ServedPolicy, start_engines
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError

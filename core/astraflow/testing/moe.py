@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from astraflow.plugins import get_registry
 from astraflow.testing.engine import LoopThread
 from astraflow.text import load_tokenizer
+from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import Batch, GenerationRequest, TrainItem
-from astraflow.workflows.builder import TrajectoryBuilder
 
 PROMPTS = tuple(f"What is {a} plus {b}?" for a, b in [(3, 4), (12, 9), (7, 7), (20, 1),
                                                        (5, 16), (8, 2)])

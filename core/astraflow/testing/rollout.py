@@ -277,8 +277,8 @@ def logprob_gaps(raas: str, trainer: str, model_dir: str,
     import json
 
     from astraflow.text import load_tokenizer
+    from astraflow.trajectory import TrajectoryBuilder
     from astraflow.types import TrainItem
-    from astraflow.workflows.builder import TrajectoryBuilder
 
     registry = get_registry()
     tok = load_tokenizer(model_dir)

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from astraflow.components import trainer_settings
 from astraflow.errors import ConfigError
-from astraflow.launch.lifecycle import mark_ready
+from astraflow.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.rewards.base import reward_metric_means
 from astraflow.trainer import distributed

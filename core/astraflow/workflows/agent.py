@@ -39,9 +39,9 @@ from astraflow.errors import ConfigError
 from astraflow.gateway.tools import PARSERS
 from astraflow.rewards.base import Score, as_score
 from astraflow.schema import setting
+from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.agent_worker import ERROR_CHARS, ClientConfig
-from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.groups import GroupConfig, first_of, sizes
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
+from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import TOOL, Task, Trajectory
-from astraflow.workflows.builder import TrajectoryBuilder
 from astraflow.workflows.groups import GroupConfig, first_of, sizes
 from astraflow.workflows.tools import calculator, python, sandbox_from
 

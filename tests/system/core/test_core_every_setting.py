@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 from astraflow.cli import config_error
 from astraflow.config import compose_config, validate
 from astraflow.errors import AstraFlowError, ConfigError
-from astraflow.launch.options import LAUNCHERS
+from astraflow.launcher_options import LAUNCHERS
 from astraflow.plugins import GROUP_KINDS, MULTI_GROUPS, get_registry
 from astraflow.schema import AstraFlowConfig, _unoptional
 

@@ -176,3 +176,50 @@ def test_the_contracts_import_no_implementation():
     reached = {m: sorted(d for d in graph[m] if not d.startswith(CONTRACT_IMPORTS))
                for m in contracts}
     assert {m: d for m, d in reached.items() if d} == {}
+
+
+#: the core's floors, by first part of a module's name: an import points down a floor
+#: or stays on its own, so a room is read with the floor below it and nothing above.
+#: The ground floor: the types, the settings' schema and the helpers every room shares.
+GROUND = {"astraflow", "types", "errors", "schema", "security", "deprecation", "text",
+          "hookspecs", "routing", "contracts", "plugins", "trajectory", "lifecycle",
+          "launcher_options", "config", "components", "fielddocs", "conf"}
+#: the rooms: the components (data layer, nodes, trainers, gateway, evaluator) and what
+#: they are made of
+ROOMS = {"dataflow", "raas", "trainer", "gateway", "workflows", "rl", "weights", "rewards",
+         "tasks", "loggers", "models", "sandbox", "lora", "data_algorithms", "evaluate"}
+#: the top: the launchers, the command line and what registers or tests everything
+TOP = {"launch", "cli", "commands", "__main__", "builtins", "helptext", "newplugin",
+       "testing", "api"}
+#: imports allowed back up a floor, each with its reason (at most two)
+ALLOWED_UP: dict[tuple[str, str], str] = {}
+
+
+def floor_of(module: str) -> int | None:
+    room = module.split(".")[1] if "." in module else module
+    return 0 if room in GROUND else 1 if room in ROOMS else 2 if room in TOP else None
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Each import of a module on a higher floor than the importer's."""
+    return sorted((mod, dep) for mod, deps in graph.items() for dep in deps
+                  if (a := floor_of(mod)) is not None and (b := floor_of(dep)) is not None
+                  and b > a and (mod, dep) not in ALLOWED_UP)
+
+
+def test_every_core_module_has_a_floor():
+    core = [m for m in modules() if m == "astraflow" or m.startswith("astraflow.")]
+    assert [m for m in core if floor_of(m) is None] == []
+
+
+def test_imports_point_down_the_floors():
+    assert len(ALLOWED_UP) <= 2
+    graph = import_graph({m: p for m, p in modules().items()
+                          if m == "astraflow" or m.startswith("astraflow.")})
+    assert upward(graph) == []
+
+
+def test_the_floor_checker_finds_an_arrow_up():
+    graph = {"astraflow.raas.node": {"astraflow.launch.local", "astraflow.types"},
+             "astraflow.types": set(), "astraflow.launch.local": {"astraflow.raas.node"}}
+    assert upward(graph) == [("astraflow.raas.node", "astraflow.launch.local")]
