@@ -41,6 +41,12 @@ STOP_BOUND = 90.0
 EXIT_NOISE = re.compile(r"nanobind: |See https://nanobind\.| - leaked | - \.\.\. skipped ")
 
 
+def _local(child: Child) -> bool:
+    """A process of this machine that the launcher started (not a Ray actor's, whose pid
+    is another machine's or none yet)."""
+    return isinstance(child.proc, subprocess.Popen | ForkedProcess) and bool(child.proc.pid)
+
+
 @dataclass
 class Child:
     name: str
@@ -345,7 +351,10 @@ class LocalRun:
             try:
                 child.proc.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                stopping.kill_groups({child.name: child.proc.pid})
+                if _local(child):  # its process group: the engine's helpers go with it
+                    stopping.kill_groups({child.name: child.proc.pid})
+                else:  # an actor of Ray's: killed through Ray
+                    child.proc.kill()
                 try:  # bounded: a process in uninterruptible I/O takes SIGKILL late
                     child.proc.wait(10.0)
                 except subprocess.TimeoutExpired:
@@ -361,7 +370,7 @@ class LocalRun:
     def running(self) -> dict[str, int]:
         """Name -> pid of each process the launcher started that it has not seen end."""
         pids = {c.name: c.proc.pid for c in self.children.values()
-                if c.proc.returncode is None and c.proc.pid is not None}
+                if _local(c) and c.proc.returncode is None}
         if self.preloader is not None:
             pids["preloaded parent"] = self.preloader.proc.pid
         return pids

@@ -47,6 +47,8 @@ def kill_groups(pids: dict[str, int]) -> None:
     """SIGKILL each process and its process group (a component is the leader of its own
     session, so its engine's helpers go with it)."""
     for pid in pids.values():
+        if not pid:
+            continue
         with contextlib.suppress(OSError):
             if os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
