@@ -6,7 +6,7 @@ correct answer + 0.1 x (format - 1), where format is ending the answer with the
 renderer's stop sequence). The tiny chat model cannot add two-digit numbers (a thousand
 supervised steps leave it at none right), so what RL can raise here is the format term:
 the model is warm-started for a few steps on the recipe's own rendering, to end about
-half of its answers right, and the recipe's own loop does the rest through the server.
+half of its answers in format, and the recipe's own loop does the rest through the server.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ KEY = "tml-cookbook-user-0123"
 FEWSHOT = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"}]
 
 
-def warm_started(chat_model_dir: str, out: Path, steps: int = 25) -> str:
+def warm_started(chat_model_dir: str, out: Path, steps: int = 20) -> str:
     """A copy of the chat model after ``steps`` supervised steps on the recipe's own
     prompts and answers, as the ``role_colon`` renderer writes them."""
     shutil.copytree(chat_model_dir, out)
@@ -71,9 +71,11 @@ def test_the_cookbook_rl_recipe_raises_the_tiny_models_reward(chat_model_dir, tm
     reward = [s["env/all/reward/total"] for s in steps if "env/all/reward/total" in s]
     assert len(reward) == 50
     first, last = sum(reward[:10]) / 10, sum(reward[-10:]) / 10
-    # a tenth of (format - 1) is the reward: +0.008 is 8 points more answers in format
-    # (without training, learning_rate=1e-9: +0.003; with it, +0.016 in a run by hand)
-    assert last > first + 0.008, reward
+    # a tenth of (format - 1) is the reward: +0.012 is 12 points more answers in format.
+    # Warm-started 20 steps, about half end in format at first: trained, +0.021 and
+    # +0.026 in two runs (a step's reward varies by ~0.007); learning_rate=1e-9: +0.004.
+    # (25 steps left too little room: +0.007 to +0.015 against a noise of 0.004)
+    assert last > first + 0.012, reward
     # the recipe saved its final state and sampler weights through the server
     checkpoints = [json.loads(line) for line in
                    (log / "checkpoints.jsonl").read_text().splitlines()]
