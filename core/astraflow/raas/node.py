@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
-from astraflow.lifecycle import mark_ready
+from astraflow.lifecycle import launcher_gone, mark_ready
 from astraflow.raas.engines import EnginePolicy, ServedPolicy, start_engines
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError
@@ -372,10 +372,13 @@ class RaaSNode:
                     for lease in finished.result():
                         running.add(asyncio.create_task(
                             self._run_lease(lease, more=not stop.is_set())))
+        # a node whose launcher died: the data layer got its SIGTERM too (and may hold
+        # a request unanswered while it stops), so nothing is handed in or said to it
+        self.orphaned = self.orphaned or launcher_gone()
         if running:  # a leaving node finishes what it leased, for a while
             # unless the run is over: with every trainer gone nothing would train on them
-            over = await self._trainers_gone()
-            grace = 0.0 if over else self.options.leave_grace
+            over = not self.orphaned and await self._trainers_gone()
+            grace = 0.0 if over or self.orphaned else self.options.leave_grace
             done, late = await self._finish(running, grace) if grace else (set(), running)
             self._report(done, stop)
             for task in late:  # e.g. submissions retrying a data layer that is gone:

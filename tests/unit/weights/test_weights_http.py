@@ -9,6 +9,7 @@ import httpx
 import pytest
 from weights_helpers import TOKEN, make_model, same, step
 
+from astraflow.testing import wait_until
 from astraflow.weights import safetensors_io as st
 from astraflow.weights.client import HttpPublishTarget, WeightClient
 from astraflow.weights.errors import WeightsError
@@ -265,7 +266,10 @@ def test_a_node_on_the_store_s_machine_takes_files_from_disk(server, tmp_path):
     with WeightClient(server.url, TOKEN, tmp_path / "far", local_reads=True) as far:
         version, path = far.sync("p")
         assert version == 5 and far.local_files == 0
-        assert [p for p, _, _ in server.wrapper.log if "/files/" in p]
+        # the server logs a request once its handler returns, which can be just after
+        # the client has read the whole body
+        wait_until(lambda: [p for p, _, _ in server.wrapper.log if "/files/" in p], 10,
+                   "the far client's file download to be logged")
 
 
 def test_a_trainer_on_the_store_s_machine_puts_versions_in_place(server, tmp_path, caplog):
