@@ -133,7 +133,7 @@ def shared_config(overrides: list[str], run_dir: Path) -> Any:
     ``prepare`` (which builds or reuses the cached warm-started model) and written to
     ``run_dir/config.yaml``: what the TRL side reads."""
     from astraflow.config import compose_config
-    from astraflow.launch.local import prepare
+    from astraflow.launch.prepare import prepare
 
     cfg, _ = prepare(compose_config([f"run_dir={run_dir}", *overrides]))
     return cfg

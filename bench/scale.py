@@ -50,7 +50,7 @@ BATCH = 64
 def make_config(run_dir: Path, generation_seconds: float) -> Path:
     """A resolved run config (raas=sim over the tiny model's tokenizer)."""
     from astraflow.config import ModelConfig, compose_config
-    from astraflow.launch.local import prepare
+    from astraflow.launch.prepare import prepare
     from astraflow.models.tiny import make_tiny_model
 
     cache = cache_root()

@@ -100,7 +100,7 @@ def warm(overrides: list[str], root: Path) -> None:
     from omegaconf import OmegaConf
 
     from astraflow.config import compose_config
-    from astraflow.launch.local import prepare
+    from astraflow.launch.prepare import prepare
 
     cfg = compose_config(overrides)
     cfg.run_dir = str(root / "warm")

@@ -211,23 +211,9 @@ def _unknown_setting(exc: Exception, argv: list[str]) -> str | None:
             node, depth = node[parts[depth]], depth + 1
         if depth == len(parts) or not isinstance(node, DictConfig):
             return None  # a setting that exists but refuses this value: Hydra's words
-        said = unknown_key_message(root, ".".join(parts[:depth + 1]))
-        return _as_typed(said, key, argv, str(root.workflow.get("name")))
+        return unknown_key_message(root, ".".join(parts[:depth + 1]), argv)
     except Exception:
         return None
-
-
-def _as_typed(said: str, key: str, argv: list[str], workflow: str) -> str:
-    """``said`` of ``workflow.X`` in the words the user typed: ``agent.X`` is short for
-    ``workflow.X`` of ``workflow=agent``, and a mistyped one is named as typed."""
-    typed = [a.split("=", 1)[0].lstrip("+~") for a in argv]
-    alias = "agent." + key.removeprefix("workflow.")
-    if not key.startswith("workflow.") or alias not in typed:
-        return said
-    if workflow != "agent":
-        return (f"{alias} is not a setting of this run: agent.* is short for workflow.* "
-                f"when workflow=agent, and this run's workflow is {workflow}")
-    return said.replace(key, alias, 1).replace("; workflow has:", "; agent has:", 1)
 
 
 def _unknown_option(exc: Exception) -> str | None:

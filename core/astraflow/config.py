@@ -12,6 +12,7 @@ import difflib
 import os
 import re
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -90,6 +91,10 @@ def _options(value: str) -> list[str]:
     return [value] if value else []
 
 
+#: ``agent.path=...`` is short for ``workflow.path=...`` (workflow=agent)
+_AGENT = re.compile(r"^([+~]*)agent\.")
+
+
 def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     """Accept ``group=x`` and ``+group=x`` alike; add defaults for unnamed groups.
 
@@ -99,8 +104,7 @@ def normalise_overrides(overrides: list[str], registry: Registry) -> list[str]:
     out: list[str] = []
     named: set[str] = set()
     for ov in overrides:
-        # ``agent.path=...`` is short for ``workflow.path=...`` (workflow=agent)
-        ov = re.sub(r"^([+~]*)agent\.", r"\1workflow.", ov)
+        ov = _AGENT.sub(r"\1workflow.", ov)
         # ``model.path=~/models/x`` as the docs write it: the shell expands no ``~``
         # after ``=`` in an argument and Hydra's grammar refuses one, so it is expanded
         # here, to the home directory the user meant
@@ -280,17 +284,26 @@ def _unknown_estimators(cfg: DictConfig, registry: Registry) -> list[str]:
     return out
 
 
-def unknown_key_message(cfg: DictConfig, key: str) -> str:
+def unknown_key_message(cfg: DictConfig, key: str, overrides: Sequence[str] = ()) -> str:
     """``key`` is no setting of ``cfg``, in one line with the nearest setting there is:
-    the top level's nearest names, or a section's settings and the nearest of them."""
+    the top level's nearest names, or a section's settings and the nearest of them. A
+    ``workflow.X`` that ``overrides`` set as ``agent.X`` is named as typed."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     names = sorted(str(k) for k in node if str(k) != leaf) if isinstance(node, DictConfig) else []
+    shown, section = key, parent
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if parent == "workflow" and f"agent.{leaf}" in typed:
+        shown, section = f"agent.{leaf}", "agent"
+        if cfg.workflow.get("name") != "agent":
+            return (f"{shown} is not a setting of this run: agent.* is short for "
+                    f"workflow.* when workflow=agent, and this run's workflow is "
+                    f"{cfg.workflow.get('name')}")
     if not parent:
         near = difflib.get_close_matches(leaf, names, n=3)
         return f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?" if near else "")
     near = difflib.get_close_matches(leaf, names, n=1)
-    return (f"{key} is not a setting; {parent} has: {', '.join(names)}"
+    return (f"{shown} is not a setting; {section} has: {', '.join(names)}"
             + (f" (did you mean {near[0]}?)" if near else ""))
 
 

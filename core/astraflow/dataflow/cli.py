@@ -69,7 +69,6 @@ def _add_flag(parser: argparse.ArgumentParser, f: dataclasses.Field[Any],
                         default=None, metavar=f.name.upper(), help=said)
 
 
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astraflow dataflow",

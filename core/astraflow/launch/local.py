@@ -4,8 +4,6 @@ each a subprocess of ``python -m astraflow``; live progress; a run directory.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -17,21 +15,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from astraflow.components import policy_names, resolve_policies
-from astraflow.config import ModelConfig
+from astraflow.components import policy_names
 from astraflow.errors import ConfigError
 from astraflow.launch import preload, stopping
 from astraflow.launch.oom import MemoryWatch, reap
 from astraflow.launch.preload import ForkedProcess
+from astraflow.launch.prepare import prepare_run
 from astraflow.launch.report import write_report
 from astraflow.lifecycle import READY_ENV
-from astraflow.loggers.base import Loggers, check_loggers
-from astraflow.plugins import get_registry
+from astraflow.loggers.base import Loggers
 from astraflow.security import TOKEN_ENV, resolve_token
 
 #: seconds an interrupted or failed run's stop may take before what is left is killed
@@ -352,7 +349,7 @@ class LocalRun:
                 child.proc.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 if _local(child):  # its process group: the engine's helpers go with it
-                    stopping.kill_groups({child.name: child.proc.pid})
+                    stopping.kill_groups([child.proc.pid])
                 else:  # an actor of Ray's: killed through Ray
                     child.proc.kill()
                 try:  # bounded: a process in uninterruptible I/O takes SIGKILL late
@@ -451,76 +448,6 @@ class RewardWatch:
                     f"{what} failed on {failed} of {produced} {policy} samples "
                     f"({failed / produced:.0%} > reward.max_failure_fraction={limit}); "
                     f"the first failure:\n{error}")
-
-
-def prepare(cfg: DictConfig) -> tuple[DictConfig, Path]:
-    """Check the set-up, resolve the run directory and the model, write the config.
-
-    Every check that reads the user's files runs before the run directory is made, so
-    a mistake leaves nothing behind and starts nothing.
-    """
-    cfg, run_dir, _ = prepare_run(cfg)
-    return cfg, run_dir
-
-
-def prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
-    """:func:`prepare`, and whether the task has a held-out split to evaluate."""
-    from astraflow.launch import preflight
-
-    cfg = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
-    preflight.check_backends(cfg)
-    cfg.policies = resolve_policies(cfg)
-    preflight.resolve_paths(cfg)
-    preflight.check_reward(cfg)
-    preflight.check_workflow(cfg)
-    check_loggers(cfg)
-    if cfg.model.path is not None and "tokenizer" in cfg.task and not cfg.task.tokenizer:
-        cfg.task.tokenizer = cfg.model.path  # the task source counts prompt tokens with it
-    source = preflight.task_source(cfg)
-    prompt_tokens = None
-    if cfg.model.path is not None:
-        prompt_tokens = preflight.check_prompts(cfg, source)
-        preflight.check_lora(cfg)
-    evaluated = bool(source.eval_tasks())
-    preflight.check_memory(cfg, prompt_tokens, evaluated=evaluated)
-    run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.run_dir = str(run_dir)
-    if cfg.mode == "sync":  # the baseline trains only on what the current weights produced
-        for policy in cfg.policies.values():
-            policy.max_staleness = 0
-    if cfg.model.path is None:
-        from astraflow.models.tiny import make_tiny_model
-
-        tasks = list(source.train_tasks())
-        workflow_cls: Any = get_registry().get("workflow", cfg.workflow.name).load()
-        examples = workflow_cls.warmstart_tasks(tasks, seed=cfg.seed)
-        cache = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-        model_cfg = cast(ModelConfig, OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model)))
-        # as many passes over the task's own examples whatever else a workflow adds, so a
-        # solver trained next to a verifier starts as strong as one trained alone
-        model_cfg.warmstart_steps = math.ceil(
-            model_cfg.warmstart_steps * len(examples) / max(len(tasks), 1))
-        # one folder per model settings: runs with other settings (a smoke run's 0 warm-up
-        # steps) rebuilt a shared folder under a run that had just loaded it
-        settings = hashlib.sha256(json.dumps(dataclasses.asdict(model_cfg), sort_keys=True,
-                                             default=str).encode()).hexdigest()[:10]
-        out = cache / "models" / (f"tiny-{cfg.task.name}-{cfg.workflow.name}-seed{cfg.seed}"
-                                  f"-{settings}")
-        try:
-            cfg.model.path = make_tiny_model(str(out), model_cfg, seed=cfg.seed,
-                                             warmstart_tasks=examples)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"model.path is unset, so the run would start from the built-in "
-                              f"tiny model, which cannot learn task={cfg.task.name} ({exc}); "
-                              "set model.path to your checkpoint") from exc
-        if "tokenizer" in cfg.task and not cfg.task.tokenizer:
-            cfg.task.tokenizer = cfg.model.path
-        preflight.check_prompts(cfg, source)
-        preflight.check_lora(cfg)
-    OmegaConf.save(cfg, run_dir / "config.yaml")
-    return cfg, run_dir, evaluated
 
 
 def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,

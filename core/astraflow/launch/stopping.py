@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,10 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[-1].split()[0]
 
 
-def kill_groups(pids: dict[str, int]) -> None:
+def kill_groups(pids: Iterable[int]) -> None:
     """SIGKILL each process and its process group (a component is the leader of its own
     session, so its engine's helpers go with it)."""
-    for pid in pids.values():
-        if not pid:
-            continue
+    for pid in pids:
         with contextlib.suppress(OSError):
             if os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
@@ -83,6 +81,6 @@ class StopDeadline:
               f"ending; the components: {states}; where the launcher was:", file=sys.stderr)
         with contextlib.suppress(Exception):
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        kill_groups(left)
+        kill_groups(left.values())
         sys.stderr.flush()
         os._exit(self.code)

@@ -150,7 +150,11 @@ class RaaSNode:
                                                   GroupConfig))
         self.roles = role_map(self.cfg, self.workflow.roles)
         self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
-        self._handles: dict[str, EnginePolicy] | None = None
+        # made once (read from the config for every task, they cost it tens of us)
+        defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),
+                    "temperature": self.cfg.workflow.get("temperature", 1.0)}
+        self._handles = {role: EnginePolicy(policy, self.backends[policy], defaults)
+                         for role, policy in self.roles.items()}
         # a node that joins late catches up before it serves
         await self.refresh(wait_for_first=True)
         await self._register()
@@ -216,17 +220,8 @@ class RaaSNode:
                  self.name, policy, version, record["since_published"] or 0.0, load_seconds)
 
     def policy_handles(self) -> dict[str, EnginePolicy]:
-        """The workflow's handles, made once per set of engines (read per task: from
-        the config each time, they cost a task tens of microseconds)."""
-        handles = self._handles
-        if handles is None or any(h.backend is not self.backends[h.name]
-                                  for h in handles.values()):
-            defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),
-                        "temperature": self.cfg.workflow.get("temperature", 1.0)}
-            handles = self._handles = {
-                role: EnginePolicy(policy, self.backends[policy], defaults)
-                for role, policy in self.roles.items()}
-        return dict(handles)
+        """The workflow's handle of each of its roles (made at start)."""
+        return dict(self._handles)
 
     def target_in_flight(self) -> int:
         """Tasks to keep in flight: enough to sustain this node's share of what the

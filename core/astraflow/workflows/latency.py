@@ -31,10 +31,7 @@ class LatencyConfig:
 
 class Latency:
     def __init__(self, config: LatencyConfig, seed: int | None = None) -> None:
-        # read once, as plain values: drawn per sample, from a config node (a
-        # DictConfig) it cost a fifth of a node's event loop on the latency job
-        self.config = LatencyConfig(str(config.kind), float(config.median),
-                                    float(config.sigma), float(config.max))
+        self.config = config
         self.rng = random.Random(seed)
 
     def sample(self) -> float:

@@ -14,30 +14,33 @@ from astraflow.launch.stopping import process_state
 from astraflow.testing import wait_until
 
 SCRIPT = textwrap.dedent("""
-    import subprocess, sys, time
+    import subprocess, sys, threading
     from astraflow.launch.stopping import StopDeadline
 
+    # a component that ignores SIGTERM and waits for nothing: only SIGKILL ends it
     component = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; "
-         "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+        [sys.executable, "-c", "import signal; "
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()"],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(component.pid, flush=True)
     with StopDeadline(lambda: {"trainer-policy": component.pid}, float(sys.argv[1]), 130):
-        time.sleep(float(sys.argv[2]))  # the stop
+        if sys.argv[2] == "stuck":  # the stop waits on what never comes
+            threading.Event().wait()
     print("stopped in time", flush=True)
 """)
 
 
-def _launcher(deadline: float, stop_takes: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(deadline), str(stop_takes)],
+def _launcher(deadline: float, stop: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(deadline), stop],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_a_stuck_stop_kills_what_is_left_and_says_where_it_was():
-    launcher = _launcher(1.0, 600.0)
-    pid = int(launcher.stdout.readline())
+    launcher = _launcher(1.0, "stuck")
+    pid = 0
     try:
         out, err = launcher.communicate(timeout=60)
+        pid = int(out.splitlines()[0])
         assert launcher.returncode == 130
         assert "stopping took over 1 s" in err
         assert f"trainer-policy (pid {pid}, state S)" in err  # what was left, as it was
@@ -46,19 +49,22 @@ def test_a_stuck_stop_kills_what_is_left_and_says_where_it_was():
         wait_until(lambda: process_state(pid) in ("gone", "Z"), 30, "the component to die")
     finally:
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
         launcher.kill()
 
 
 def test_a_stop_within_its_deadline_is_left_alone():
-    launcher = _launcher(30.0, 0.1)
-    pid = int(launcher.stdout.readline())
+    launcher = _launcher(30.0, "quick")
+    pid = 0
     try:
         out, err = launcher.communicate(timeout=60)
+        pid = int(out.splitlines()[0])
         assert launcher.returncode == 0 and "stopped in time" in out, err
         assert "stopping took" not in err
         assert process_state(pid) not in ("gone", "Z")  # nothing was killed
     finally:
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
         launcher.kill()

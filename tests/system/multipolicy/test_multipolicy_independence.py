@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from astraflow.config import compose_config
-from astraflow.launch.local import prepare
+from astraflow.launch.prepare import prepare
 from astraflow.testing import wait_until
 
 TOKEN = "multipolicy-test-token"

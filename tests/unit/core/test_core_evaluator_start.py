@@ -15,7 +15,8 @@ import pytest
 
 from astraflow.config import compose_config
 from astraflow.launch import memory
-from astraflow.launch.local import LocalRun, prepare_run
+from astraflow.launch.local import LocalRun
+from astraflow.launch.prepare import prepare_run
 from astraflow.lifecycle import READY_ENV
 
 
