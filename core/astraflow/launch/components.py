@@ -14,7 +14,7 @@ import signal
 import sys
 
 from astraflow.commands import command
-from astraflow.components import load_config, trainer_settings
+from astraflow.components import load_config
 from astraflow.security import TOKEN_ENV
 from astraflow.trainer import distributed
 
@@ -92,6 +92,7 @@ def cmd_raas(argv: list[str]) -> int:
 def cmd_train(argv: list[str]) -> int:
     """Run the trainer of one policy: pull batches, train, publish weights."""
     from astraflow.trainer.runtime import TrainerRuntime
+    from astraflow.trainer.settings import settings_from_config
 
     parser = argparse.ArgumentParser(prog="astraflow train", description=cmd_train.__doc__)
     _common(parser)
@@ -99,11 +100,11 @@ def cmd_train(argv: list[str]) -> int:
     parser.add_argument("--metrics", default=None, help="JSONL file for per-step metrics")
     args = parser.parse_args(argv)
     _logging()
-    cfg = load_config(args.config)
-    world = int(trainer_settings(cfg, args.policy).get("world_size", 1))
-    if world > 1 and not distributed():
-        _torchrun(world, argv)  # does not return
-    TrainerRuntime(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics).run()
+    settings = settings_from_config(load_config(args.config), args.policy)
+    if settings.world_size > 1 and not distributed():
+        _torchrun(settings.world_size, argv)  # does not return
+    TrainerRuntime(settings, args.connect, _token(), args.policy, args.work_dir,
+                   args.metrics).run()
     return 0
 
 

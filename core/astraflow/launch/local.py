@@ -48,7 +48,7 @@ def _local(child: Child) -> bool:
 class Child:
     name: str
     args: tuple[str, ...]
-    proc: subprocess.Popen | ForkedProcess
+    proc: subprocess.Popen[bytes] | ForkedProcess
     log: Path
     restarts: int = 0
     #: when each restart was (the restart window counts those still inside it)
@@ -121,7 +121,7 @@ class LocalRun:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = self.env(log.with_suffix(".ready"))
-        proc: subprocess.Popen | ForkedProcess | None = None
+        proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         if self.preloader is not None and not pass_fds:
             proc = self.preloader.fork(list(args), env, log)
         if proc is None:
@@ -450,6 +450,30 @@ class RewardWatch:
                     f"the first failure:\n{error}")
 
 
+def _supervise(job: LocalRun, progress: Any, loggers: Loggers) -> dict[str, Any]:
+    """Watch the run until every trainer (and evaluator) is done: restart what failed,
+    scale the nodes, show progress, feed the loggers; the data layer's last status."""
+    cfg = job.cfg
+    learners = [f"{kind}-{p}" for p in policy_names(cfg)
+                for kind in (("trainer", "eval") if job.evaluated else ("trainer",))]
+    autoscalers = job.autoscalers() if cfg.autoscale else []
+    rewards = RewardWatch(job)
+    with progress:
+        while True:
+            job.supervise()
+            for autoscaler in autoscalers:
+                autoscaler.tick()
+            if all(job.children[n].finished() for n in learners):
+                break
+            status = job.status()
+            rewards.check(status)
+            progress.update(status)
+            loggers.update()
+            time.sleep(0.5)
+        progress.update(job.status())
+    return job.status()
+
+
 def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         preloader: preload.Preloader | None = None) -> int:
     """Run the job with ``job_cls`` starting its components (``launcher=ray``: Ray's),
@@ -477,24 +501,7 @@ def run(cfg: DictConfig, job_cls: type[LocalRun] = LocalRun,
         # after the components started, not before: a logger's library may import torch
         # (tensorboardX does), seconds the launcher would keep them waiting
         loggers.open()
-        learners = [f"{kind}-{p}" for p in policy_names(cfg)
-                    for kind in (("trainer", "eval") if evaluated else ("trainer",))]
-        autoscalers = job.autoscalers() if cfg.autoscale else []
-        rewards = RewardWatch(job)
-        with progress:
-            while True:
-                job.supervise()
-                for autoscaler in autoscalers:
-                    autoscaler.tick()
-                if all(job.children[n].finished() for n in learners):
-                    break
-                status = job.status()
-                rewards.check(status)
-                progress.update(status)
-                loggers.update()
-                time.sleep(0.5)
-            progress.update(job.status())
-        final_status = job.status()
+        final_status = _supervise(job, progress, loggers)
         job.collect()
     except KeyboardInterrupt:
         print("astraflow: interrupted; stopping every component", file=sys.stderr)

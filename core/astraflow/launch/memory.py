@@ -415,20 +415,27 @@ def trainer_part(cfg: DictConfig, policy: str, ckpt: Checkpoint, seq: int, gpu: 
             terms.append(Term("activations", activations, shape))
     terms.append(Term("processes", ranks * TORCH_PROCESS + (PLAIN_PROCESS if ranks > 1 else 0),
                       f"{ranks} ranks" if ranks > 1 else ""))
+    advice = _trainer_advice(t, activations_first=not on_gpu and activations >= written,
+                             lora=bool(rank), fp32=master == 4)
+    return Part(f"trainer-{policy}", tuple(terms), advice=advice)
+
+
+def _trainer_advice(t: Any, *, activations_first: bool, lora: bool, fp32: bool) -> str:
+    """What lowers a trainer's peak, most telling first."""
     advice = []
-    if not on_gpu and activations >= written:
+    if activations_first:
         advice.append(f"lower trainer.micro_batch_size (now {t.get('micro_batch_size')}) "
                       "or set trainer.micro_batch_tokens")
         if t.get("name") == "hf" and not t.get("activation_checkpointing", False):
             advice.append("set trainer.activation_checkpointing=true")
-    if not rank:
+    if not lora:
         advice.append("use trainer.lora.rank=16" + (" or trainer.dtype=bfloat16"
-                                                    if master == 4 else ""))
-    if t.get("kl_coef", 0) and not rank:
+                                                    if fp32 else ""))
+    if t.get("kl_coef", 0) and not lora:
         advice.append("set trainer.kl_coef=0 (no reference copy)")
     if not advice:
         advice.append("lower trainer.micro_batch_size")
-    return Part(f"trainer-{policy}", tuple(terms), advice=", ".join(advice))
+    return ", ".join(advice)
 
 
 #: what raas=hf holds of a version while loading it (its refresh's read buffer)

@@ -255,7 +255,8 @@ class Preloader:
         line = self.reader.readline()
         if not line:
             raise ValueError(f"it exited with {self.proc.poll()}")
-        return json.loads(line)
+        said: dict[str, Any] = json.loads(line)
+        return said
 
     def _fail(self, why: str) -> None:
         self.failed = why

@@ -30,7 +30,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, cast
 
 from astraflow.lifecycle import LAUNCHER_ENV
 
@@ -64,7 +64,7 @@ class _Server:
                 if "pid" in request:  # the component: leave the server's loop behind
                     reader.close()
                     self.sock.close()
-                    return request
+                    return cast(dict[str, Any], request)
                 reply = {"pid": pid} if pid else {"error": "fork failed"}
             self.sock.sendall(json.dumps(reply).encode() + b"\n")
         return None

@@ -70,7 +70,7 @@ def work_root(run_dir: Path, configured: str | None) -> str:
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def pool_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:

@@ -20,108 +20,109 @@ WORK = "{work}"
 _CHUNK = 16 << 20
 
 
+class Component:
+    """Owns one component process on the machine Ray placed it on, in a working
+    directory of that machine; the launcher copies the files the run directory
+    needs (log, metrics, final weights) from it over Ray, so no machine needs the
+    driver's file system."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], work: str,
+                 config: str) -> None:
+        import subprocess
+        import threading
+
+        self.stopping = False
+        self.work = os.path.join(work, name)
+        os.makedirs(self.work, exist_ok=True)
+        with open(os.path.join(self.work, "config.yaml"), "w") as fh:
+            fh.write(config)
+        self.ready = os.path.join(self.work, f"{name}.ready")
+        # the component ends with this actor (SIGTERM on its death, however it dies)
+        env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid()), READY_ENV: self.ready}
+        argv = [a.replace(WORK, self.work) for a in argv]
+        from astraflow.launch.oom import MemoryWatch
+
+        self.name = name
+        #: the component's exit code, once the watch reaped it; why it died, when
+        #: the kernel's OOM killer killed it (:class:`astraflow.launch.oom.Death`)
+        self.code: int | None = None
+        self.oom: Any = None
+        #: its peak memory and the machine's count of OOM kills
+        self.memory = MemoryWatch()
+        with open(os.path.join(self.work, f"{name}.log"), "ab") as fh:
+            self.proc = subprocess.Popen([sys.executable, "-m", "astraflow", *argv],
+                                         stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                         cwd=self.work, start_new_session=True)
+        self.memory.started(name)
+        threading.Thread(target=self._sample, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _sample(self) -> None:
+        """The component's memory and the count of OOM kills, twice a second."""
+        while self.code is None:
+            self.memory.tick()
+            self.memory.sample(self.name, self.proc.pid)
+            time.sleep(0.5)
+
+    def _watch(self) -> None:
+        from astraflow.launch.oom import reap_blocking
+
+        code, peak = reap_blocking(self.proc)
+        self.memory.exited(self.name, peak)
+        if code != 0 and self.worked() and not self.stopping:
+            self.oom = self.memory.death(self.name, code, self.memory.peaks[self.name])
+        if code != 0 and self.worked() and not self.stopping and self.oom is None:
+            os._exit(1)  # Ray restarts this actor, and so the component
+        # else the launcher reads the exit (poll); killed by the OOM killer, the
+        # component would die the same way restarted, and the launcher stops the run
+        self.code = code
+
+    def worked(self) -> bool:
+        return os.path.exists(self.ready)
+
+    def poll(self) -> tuple[int | None, int, bool, Any]:
+        return self.code, self.proc.pid, self.worked(), self.oom
+
+    def read(self, path: str, offset: int) -> tuple[bytes, int]:
+        """Up to ``_CHUNK`` bytes of a file under the working directory from
+        ``offset``, and the file's size (0 and b"" when it does not exist yet)."""
+        full = os.path.join(self.work, path)
+        try:
+            with open(full, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(min(offset, size))
+                return fh.read(_CHUNK), size
+        except FileNotFoundError:
+            return b"", 0
+
+    def files(self, path: str) -> list[str]:
+        """Every file under a directory of the working directory, relative to it."""
+        top = os.path.join(self.work, path)
+        return sorted(os.path.relpath(os.path.join(d, f), self.work)
+                      for d, _, names in os.walk(top) for f in names)
+
+    def remove_work(self) -> None:
+        """After a run that ended well: its files (checkpoints, store, weights)."""
+        import shutil
+
+        shutil.rmtree(self.work, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's directory, once empty
+            os.rmdir(os.path.dirname(self.work))
+
+    def node_ip(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def terminate(self) -> None:
+        self.stopping = True
+        if self.code is None:
+            self.proc.terminate()
+
+
 def component_actor(ray: Any) -> Any:
-    @ray.remote
-    class Component:
-        """Owns one component process on the machine Ray placed it on, in a working
-        directory of that machine; the launcher copies the files the run directory
-        needs (log, metrics, final weights) from it over Ray, so no machine needs the
-        driver's file system."""
-
-        def __init__(self, name: str, argv: list[str], env: dict[str, str], work: str,
-                     config: str) -> None:
-            import subprocess
-            import threading
-
-            self.stopping = False
-            self.work = os.path.join(work, name)
-            os.makedirs(self.work, exist_ok=True)
-            with open(os.path.join(self.work, "config.yaml"), "w") as fh:
-                fh.write(config)
-            self.ready = os.path.join(self.work, f"{name}.ready")
-            # the component ends with this actor (SIGTERM on its death, however it dies)
-            env = {**os.environ, **env, LAUNCHER_ENV: str(os.getpid()), READY_ENV: self.ready}
-            argv = [a.replace(WORK, self.work) for a in argv]
-            from astraflow.launch.oom import MemoryWatch
-
-            self.name = name
-            #: the component's exit code, once the watch reaped it; why it died, when
-            #: the kernel's OOM killer killed it (:class:`astraflow.launch.oom.Death`)
-            self.code: int | None = None
-            self.oom: Any = None
-            #: its peak memory and the machine's count of OOM kills
-            self.memory = MemoryWatch()
-            with open(os.path.join(self.work, f"{name}.log"), "ab") as fh:
-                self.proc = subprocess.Popen([sys.executable, "-m", "astraflow", *argv],
-                                             stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                             cwd=self.work, start_new_session=True)
-            self.memory.started(name)
-            threading.Thread(target=self._sample, daemon=True).start()
-            threading.Thread(target=self._watch, daemon=True).start()
-
-        def _sample(self) -> None:
-            """The component's memory and the count of OOM kills, twice a second."""
-            while self.code is None:
-                self.memory.tick()
-                self.memory.sample(self.name, self.proc.pid)
-                time.sleep(0.5)
-
-        def _watch(self) -> None:
-            from astraflow.launch.oom import reap_blocking
-
-            code, peak = reap_blocking(self.proc)
-            self.memory.exited(self.name, peak)
-            if code != 0 and self.worked() and not self.stopping:
-                self.oom = self.memory.death(self.name, code, self.memory.peaks[self.name])
-            if code != 0 and self.worked() and not self.stopping and self.oom is None:
-                os._exit(1)  # Ray restarts this actor, and so the component
-            # else the launcher reads the exit (poll); killed by the OOM killer, the
-            # component would die the same way restarted, and the launcher stops the run
-            self.code = code
-
-        def worked(self) -> bool:
-            return os.path.exists(self.ready)
-
-        def poll(self) -> tuple[int | None, int, bool, Any]:
-            return self.code, self.proc.pid, self.worked(), self.oom
-
-        def read(self, path: str, offset: int) -> tuple[bytes, int]:
-            """Up to ``_CHUNK`` bytes of a file under the working directory from
-            ``offset``, and the file's size (0 and b"" when it does not exist yet)."""
-            full = os.path.join(self.work, path)
-            try:
-                with open(full, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    fh.seek(min(offset, size))
-                    return fh.read(_CHUNK), size
-            except FileNotFoundError:
-                return b"", 0
-
-        def files(self, path: str) -> list[str]:
-            """Every file under a directory of the working directory, relative to it."""
-            top = os.path.join(self.work, path)
-            return sorted(os.path.relpath(os.path.join(d, f), self.work)
-                          for d, _, names in os.walk(top) for f in names)
-
-        def remove_work(self) -> None:
-            """After a run that ended well: its files (checkpoints, store, weights)."""
-            import shutil
-
-            shutil.rmtree(self.work, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the run's directory, once empty
-                os.rmdir(os.path.dirname(self.work))
-
-        def node_ip(self) -> str:
-            import ray
-
-            return ray.util.get_node_ip_address()
-
-        def terminate(self) -> None:
-            self.stopping = True
-            if self.code is None:
-                self.proc.terminate()
-
-    return Component
+    """:class:`Component` as a Ray actor class."""
+    return ray.remote(Component)
 
 
 class RayProc:
@@ -166,8 +167,8 @@ class RayProc:
         if self.pid is not None and pid != self.pid:
             self.restarted += 1
         self.pid = pid
-        self.returncode = code
-        return code
+        self.returncode = None if code is None else int(code)
+        return self.returncode
 
     def terminate(self) -> None:
         with contextlib.suppress(Exception):  # already gone

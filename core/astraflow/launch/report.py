@@ -100,7 +100,7 @@ def _wait_fraction(train: list[dict[str, Any]]) -> float | None:
     return round(wait / (wait + busy), 4) if wait + busy > 0 else None
 
 
-def _plot(run_dir: Path, train: dict, evals: dict) -> None:
+def _plot(run_dir: Path, train: dict[str, Any], evals: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -59,17 +59,17 @@ def main(backend_name: str, model_dir: str, out_dir: str, settings: str) -> None
     if not ranks.leader:
         follow(backend, ranks)
         return
-    call = Leader(backend, ranks)
+    leader = Leader(backend, ranks)
     batch1, batch2 = read_batch(out / "batch1.json"), read_batch(out / "batch2.json")
-    result = {"step1": call("train_step", batch1),
-              "logprobs1": call("compute_logprobs", batch1)}
-    call("save_checkpoint", text=str(out / "checkpoint"))
-    result["step2"] = call("train_step", batch2)
+    result = {"step1": leader.train_step(batch1),
+              "logprobs1": leader.compute_logprobs(batch1)}
+    leader.save_checkpoint(str(out / "checkpoint"))
+    result["step2"] = leader.train_step(batch2)
     if (out / "single-checkpoint").exists():
-        call("load_checkpoint", text=str(out / "single-checkpoint"))
-        result["step2_from_single"] = call("train_step", batch2)
-    call("save_pretrained", text=str(out / "final"))
-    call.stop()
+        leader.load_checkpoint(str(out / "single-checkpoint"))
+        result["step2_from_single"] = leader.train_step(batch2)
+    leader.save_pretrained(str(out / "final"))
+    leader.stop()
     (out / "result.json").write_text(json.dumps(result))
 
 

@@ -29,7 +29,8 @@ _HEADER = struct.Struct("<I")
 
 
 def _pack(step: int, version: int, batch: Batch) -> bytes:
-    body = msgpack.packb({"step": step, "version": version, "batch": batch_to_wire(batch)})
+    body: bytes = msgpack.packb({"step": step, "version": version,
+                                 "batch": batch_to_wire(batch)})
     return _HEADER.pack(len(body)) + body
 
 

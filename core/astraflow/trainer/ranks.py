@@ -24,8 +24,10 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from astraflow.contracts.trainer import TrainerBackend
 from astraflow.types import Batch, Span, TrainItem, Trajectory
 
 if TYPE_CHECKING:
@@ -33,9 +35,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("astraflow.trainer")
 
-#: the backend calls rank 0 forwards, by position in the header; 0 is "nothing to do"
-CALLS = ("idle", "stop", "train_step", "export_weights", "save_checkpoint",
-         "load_checkpoint", "save_pretrained", "compute_logprobs")
+
+class Call(IntEnum):
+    """The backend calls rank 0 forwards, as the header's first number."""
+
+    IDLE = 0  # nothing to do: rank 0 waited for a batch in vain
+    STOP = 1
+    TRAIN_STEP = 2
+    EXPORT_WEIGHTS = 3
+    SAVE_CHECKPOINT = 4
+    LOAD_CHECKPOINT = 5
+    SAVE_PRETRAINED = 6
+    COMPUTE_LOGPROBS = 7
 
 
 def _leave() -> None:
@@ -76,14 +87,14 @@ class Ranks:
 
     # -- rank 0 --------------------------------------------------------------------
 
-    def send(self, call: str, batch: Batch | None = None, text: str = "") -> None:
+    def send(self, call: Call, batch: Batch | None = None, text: str = "") -> None:
         import torch
         import torch.distributed as dist
 
         items = batch.items if batch is not None else []
         data = (batch.batch_id if batch is not None else text).encode()
         lengths = [len(item.trajectory.tokens) for item in items]
-        header = torch.tensor([CALLS.index(call), len(items), sum(lengths), len(data)],
+        header = torch.tensor([int(call), len(items), sum(lengths), len(data)],
                               dtype=torch.int64, device=self.device)
         dist.broadcast(header, 0)
         if data:
@@ -103,11 +114,11 @@ class Ranks:
                 dist.broadcast(torch.tensor(values, dtype=dtype, device=self.device), 0)
 
     def stop(self) -> None:
-        self.send("stop")
+        self.send(Call.STOP)
 
     # -- the other ranks -------------------------------------------------------------
 
-    def receive(self) -> tuple[str, Batch | None, str]:
+    def receive(self) -> tuple[Call, Batch | None, str]:
         import torch
         import torch.distributed as dist
 
@@ -120,7 +131,7 @@ class Ranks:
             dist.broadcast(raw, 0)
             text = bytes(raw.tolist()).decode()
         if not n_items:
-            return CALLS[call], None, text
+            return Call(call), None, text
         parts = []
         for n, dtype in ((n_items, torch.int64), (n_tokens, torch.int64),
                          (n_tokens, torch.int64), (n_tokens, torch.float64),
@@ -138,41 +149,75 @@ class Ranks:
                 spans=[Span(0, n, "policy")], reward=0.0)
             items.append(TrainItem(trajectory, advantage))
             start = end
-        return CALLS[call], Batch(batch_id=text, policy="", items=items), ""
+        return Call(call), Batch(batch_id=text, policy="", items=items), ""
 
 
-def _make(backend: Any, call: str, batch: Batch | None, text: str) -> Any:
-    """Call ``backend.<call>`` with the batch, or the text (a path), or nothing."""
-    args = (batch,) if batch is not None else (text,) if text else ()
-    return getattr(backend, call)(*args)
+def _make(backend: TrainerBackend, call: Call, batch: Batch | None, text: str) -> None:
+    """Make the call rank 0 broadcast on this rank's backend."""
+    if call is Call.TRAIN_STEP and batch is not None:
+        backend.train_step(batch)
+    elif call is Call.COMPUTE_LOGPROBS and batch is not None:
+        backend.compute_logprobs(batch)
+    elif call is Call.EXPORT_WEIGHTS:
+        backend.export_weights()
+    elif call is Call.SAVE_CHECKPOINT:
+        backend.save_checkpoint(text)
+    elif call is Call.LOAD_CHECKPOINT:
+        backend.load_checkpoint(text)
+    elif call is Call.SAVE_PRETRAINED:
+        backend.save_pretrained(text)
 
 
 class Leader:
-    """Rank 0's side: each backend call is broadcast to the followers, then made."""
+    """Rank 0's side of the backend contract: each call is broadcast to the other ranks,
+    then made on this rank's backend. Alone (``ranks`` None) it is the backend's own."""
 
-    def __init__(self, backend: Any, ranks: Ranks | None) -> None:
+    def __init__(self, backend: TrainerBackend, ranks: Ranks | None) -> None:
         self.backend, self.ranks = backend, ranks
 
-    def __call__(self, call: str, batch: Batch | None = None, text: str = "") -> Any:
+    def _send(self, call: Call, batch: Batch | None = None, text: str = "") -> None:
         if self.ranks is not None:
             self.ranks.send(call, batch, text)
-        return _make(self.backend, call, batch, text)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        self._send(Call.TRAIN_STEP, batch)
+        return self.backend.train_step(batch)
+
+    def compute_logprobs(self, batch: Batch) -> list[list[float]]:
+        self._send(Call.COMPUTE_LOGPROBS, batch)
+        return self.backend.compute_logprobs(batch)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        return self.backend.adapter_config()  # rank 0's own: nothing to make elsewhere
+
+    def export_weights(self) -> dict[str, Any]:
+        self._send(Call.EXPORT_WEIGHTS)
+        return self.backend.export_weights()
+
+    def save_checkpoint(self, path: str) -> None:
+        self._send(Call.SAVE_CHECKPOINT, text=path)
+        self.backend.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._send(Call.LOAD_CHECKPOINT, text=path)
+        self.backend.load_checkpoint(path)
+
+    def save_pretrained(self, path: str) -> None:
+        self._send(Call.SAVE_PRETRAINED, text=path)
+        self.backend.save_pretrained(path)
 
     def idle(self) -> None:
-        if self.ranks is not None:
-            self.ranks.send("idle")
+        self._send(Call.IDLE)
 
     def stop(self) -> None:
-        if self.ranks is not None:
-            self.ranks.stop()
+        self._send(Call.STOP)
 
 
-def follow(backend: Any, ranks: Ranks) -> None:
+def follow(backend: TrainerBackend, ranks: Ranks) -> None:
     """A follower's life: make every call rank 0 broadcasts, until it says stop."""
     log.info("trainer rank %d of %d: following rank 0", ranks.rank, ranks.world_size)
     while True:
         call, batch, text = ranks.receive()
-        if call == "stop":
+        if call is Call.STOP:
             return
-        if call != "idle":
-            _make(backend, call, batch, text)
+        _make(backend, call, batch, text)

@@ -29,20 +29,20 @@ def _rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from astraflow.rl.policy_gradient import spans
-    from astraflow.trainer.ranks import Ranks
+    from astraflow.trainer.ranks import Call, Ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     ranks = Ranks(rank, 2, torch.device("cpu"))
     if ranks.leader:
-        ranks.send("train_step", _batch())
+        ranks.send(Call.TRAIN_STEP, _batch())
     else:
         call, batch, _ = ranks.receive()
         assert batch is not None
         lengths = [len(item.trajectory.tokens) for item in batch.items]
         groups = [item.trajectory.group_id for item in batch.items]
         Path(out).write_text(json.dumps({
-            "call": call, "batch_id": batch.batch_id,
+            "call": call.name, "batch_id": batch.batch_id,
             "tokens": [item.trajectory.tokens for item in batch.items],
             "advantages": [item.advantage for item in batch.items],
             "groups": groups, "spans": spans(lengths, groups, 64, tokens=18)}))
@@ -59,7 +59,7 @@ def test_the_other_ranks_receive_the_batch_with_its_groups(tmp_path: Path) -> No
     mp.start_processes(_rank, args=(port, str(out)), nprocs=2, start_method="spawn")
     got = json.loads(out.read_text())
     batch = _batch()
-    assert got["call"] == "train_step" and got["batch_id"] == "b1"
+    assert got["call"] == "TRAIN_STEP" and got["batch_id"] == "b1"
     assert got["tokens"] == [item.trajectory.tokens for item in batch.items]
     assert got["advantages"] == [item.advantage for item in batch.items]
     # the same partition into groups (named differently) and so the same cut
