@@ -12,7 +12,15 @@ import tokenize
 
 def field_docs(cls: type) -> dict[str, str]:
     """The comments that document a dataclass's fields: the ``#:`` / ``#`` lines just
-    above a field and the comment after it on its line, by field name."""
+    above a field and the comment after it on its line, by field name; a field a base
+    class declares has the base's comment, unless the class comments it again."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        docs.update(_own_docs(klass))
+    return docs
+
+
+def _own_docs(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

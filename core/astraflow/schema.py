@@ -32,10 +32,13 @@ def setting(default: Any = dataclasses.MISSING, *, ge: float | None = None,
     return field(metadata={"astraflow": limits}, **kwargs)
 
 
-def like(source: dataclasses.Field) -> Any:
+def like(source: dataclasses.Field, default: Any = dataclasses.MISSING) -> Any:
     """A field with the default and the limits of ``source``, a field of another
     schema: settings that a component takes from the run config (the data layer's)
-    keep one default and one range."""
+    keep one default and one range. ``default``: the same setting, defaulting to
+    another value (a workflow that answers in fewer tokens than most)."""
+    if default is not dataclasses.MISSING:
+        return field(default=default, metadata=source.metadata)
     if source.default_factory is not dataclasses.MISSING:
         return field(default_factory=source.default_factory, metadata=source.metadata)
     return field(default=source.default, metadata=source.metadata)

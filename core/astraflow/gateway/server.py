@@ -30,8 +30,11 @@ from typing import Any
 from astraflow.gateway import messages as messages_api
 from astraflow.gateway import responses as responses_api
 from astraflow.gateway.record import Plan, Session, content_text, render_messages
+from astraflow.gateway.settings import GatewaySettings
 from astraflow.gateway.tools import parse_tool_calls, resolve_parser, stop_after_call
 from astraflow.types import Generation, Task
+
+__all__ = ["Gateway", "GatewayError", "GatewaySettings"]
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +60,6 @@ class ChatTurn:
     replies: list[dict[str, Any]] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)
     stopped_by: list[str | None] = field(default_factory=list)
-
-
-@dataclass
-class GatewaySettings:
-    host: str = "127.0.0.1"
-    port: int = 0
-    #: the host agents are told to use (another machine's sandbox: this node's address)
-    advertise_host: str | None = None
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_tokens: int = 16  # when a request names none
-    #: a request's max_tokens above it is lowered to it (a harness asks 128k a reply)
-    max_tokens_cap: int | None = None
-    temperature: float = 1.0  # when a request names none
-    tool_parser: str = "auto"
-    max_n: int = 16
 
 
 #: path -> (method, handler)

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.contracts import PolicyHandle, Workflow
 from astraflow.errors import ConfigError
-from astraflow.gateway.tools import PARSERS
+from astraflow.gateway.settings import FIELDS as GATEWAY
+from astraflow.gateway.settings import GatewaySettings
 from astraflow.rewards.base import Score, as_score
-from astraflow.schema import setting
+from astraflow.schema import like, setting
 from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import Task, Trajectory
 from astraflow.workflows.agent_worker import ERROR_CHARS, ClientConfig
@@ -69,16 +70,18 @@ class AgentConfig:
     #: final: every segment gets the reward | discount: per call
     credit: str = setting("final", choices=CREDIT)
     discount: float = setting(1.0, ge=0, le=1)
-    max_tokens: int = setting(16, ge=1)  # when a request names none
+    # the gateway's (astraflow.gateway.settings), with its defaults and ranges
+    max_tokens: int = like(GATEWAY["max_tokens"])  # when a request names none
     #: a request's max_tokens above it is lowered to it (Claude Code asks 128k a reply,
     #: and a rollout's length is the run's to choose); null: the context length alone
-    max_tokens_cap: int | None = setting(None, ge=1)
-    temperature: float = setting(1.0, ge=0)  # when a request names none
-    tool_parser: str = setting("auto", choices=PARSERS)
-    host: str = "127.0.0.1"
-    port: int = setting(0, ge=0, le=65535)  # 0 picks a free port
-    advertise_host: str | None = None
-    max_body_bytes: int = setting(8 * 1024 * 1024, ge=1)
+    max_tokens_cap: int | None = like(GATEWAY["max_tokens_cap"])
+    temperature: float = like(GATEWAY["temperature"])  # when a request names none
+    tool_parser: str = like(GATEWAY["tool_parser"])
+    host: str = like(GATEWAY["host"])
+    port: int = like(GATEWAY["port"])  # 0 picks a free port
+    #: the host agents are told to use (another machine's sandbox: this node's address)
+    advertise_host: str | None = like(GATEWAY["advertise_host"])
+    max_body_bytes: int = like(GATEWAY["max_body_bytes"])
     #: over-provisioned groups: start extra samples, train the first back (see
     #: :mod:`astraflow.workflows.groups`)
     group: GroupConfig = field(default_factory=GroupConfig)
@@ -261,7 +264,7 @@ class AgentWorkflow(Workflow):
         self.first_error: str | None = None
 
     async def _gateway(self) -> Gateway:
-        from astraflow.gateway.server import Gateway, GatewaySettings
+        from astraflow.gateway.server import Gateway
 
         if self._starting is None:
             self._starting = asyncio.Lock()
@@ -271,13 +274,7 @@ class AgentWorkflow(Workflow):
                 for name in ("httpx", "httpx2", "openai"):
                     if logging.getLogger(name).level == logging.NOTSET:
                         logging.getLogger(name).setLevel(logging.WARNING)
-                c = self.config
-                settings = GatewaySettings(
-                    host=c.host, port=c.port, advertise_host=c.advertise_host,
-                    max_body_bytes=c.max_body_bytes, max_tokens=c.max_tokens,
-                    max_tokens_cap=c.max_tokens_cap,
-                    temperature=c.temperature, tool_parser=c.tool_parser)
-                gateway = Gateway(self.tokenizer, settings)
+                gateway = Gateway(self.tokenizer, GatewaySettings.of(self.config))
                 await gateway.start()
                 self.gateway = gateway
         return self.gateway

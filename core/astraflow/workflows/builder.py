@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from astraflow.contracts import PolicyHandle, Workflow
+from astraflow.schema import setting
 
 # public here since before it moved beside the types (the plugin API's promise)
 from astraflow.trajectory import TrajectoryBuilder as TrajectoryBuilder
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 S = TypeVar("S", bound="DataclassInstance")
+
+
+@dataclass
+class WorkflowConfig:
+    """What every built-in workflow's config has: its name and how it samples. A
+    workflow whose answers are shorter than most gives ``max_new_tokens`` another
+    default (``like(WORKFLOW["max_new_tokens"], default=6)``), not another range."""
+
+    name: str = ""
+    max_new_tokens: int = setting(12, ge=1)
+    temperature: float = setting(1.0, ge=0)  # 0: greedy
+
+
+#: :class:`WorkflowConfig`'s fields by name, for a subclass's own default of one
+WORKFLOW = {f.name: f for f in dataclasses.fields(WorkflowConfig)}
 
 
 @dataclass

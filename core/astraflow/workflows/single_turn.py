@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from astraflow.config import setting
 from astraflow.contracts import PolicyHandle
+from astraflow.schema import like
 from astraflow.types import Task, Trajectory
-from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder
-from astraflow.workflows.groups import GroupConfig, first_of, sizes
-from astraflow.workflows.latency import LatencyConfig
+from astraflow.workflows.builder import (
+    WORKFLOW,
+    EnvConfig,
+    EnvWorkflow,
+    TrajectoryBuilder,
+    WorkflowConfig,
+)
+from astraflow.workflows.groups import first_of, sizes
 
 
 @dataclass
-class SingleTurnConfig:
-    """``workflow=single_turn``."""
+class SingleTurnConfig(EnvConfig, WorkflowConfig):
+    """``workflow=single_turn``: its sampling (:class:`WorkflowConfig`), its waits and
+    groups (:class:`EnvConfig`)."""
 
     name: str = "single_turn"
-    max_new_tokens: int = setting(6, ge=1)
-    temperature: float = setting(1.0, ge=0)  # 0: greedy
-    #: an environment call per sample before it is scored (a verifier service, a
-    #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
-    latency: LatencyConfig = field(default_factory=LatencyConfig)
-    #: over-provisioned groups: start extra samples, train the first back (see
-    #: :mod:`astraflow.workflows.groups`)
-    group: GroupConfig = field(default_factory=GroupConfig)
+    max_new_tokens: int = like(WORKFLOW["max_new_tokens"], default=6)
 
 
 class SingleTurnWorkflow(EnvWorkflow):

@@ -28,31 +28,30 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from astraflow.contracts import PolicyHandle
-from astraflow.schema import setting
+from astraflow.schema import like, setting
 from astraflow.types import RewardOutcome, Task, Trajectory
-from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
-from astraflow.workflows.groups import GroupConfig
-from astraflow.workflows.latency import LatencyConfig
+from astraflow.workflows.builder import (
+    WORKFLOW,
+    AttemptsWorkflow,
+    EnvConfig,
+    TrajectoryBuilder,
+    WorkflowConfig,
+    without_stop,
+)
 
 PICK = "pick:"
 
 
 @dataclass
-class SolveSelectConfig:
+class SolveSelectConfig(EnvConfig, WorkflowConfig):
     """``workflow=solve_select``: ``candidates`` solver samples per attempt."""
 
     name: str = "solve_select"
     candidates: int = setting(4, ge=2, le=10, why="the selector answers with one digit")
-    max_new_tokens: int = setting(12, ge=1)
-    selector_max_new_tokens: int = setting(2, ge=1)
-    temperature: float = setting(1.0, ge=0)  # 0: greedy
-    latency: LatencyConfig = field(default_factory=LatencyConfig)
-    #: over-provisioned groups: start extra samples, train the first back (see
-    #: :mod:`astraflow.workflows.groups`)
-    group: GroupConfig = field(default_factory=GroupConfig)
+    selector_max_new_tokens: int = like(WORKFLOW["max_new_tokens"], default=2)
 
 
 def perturb(answer: str, rng: random.Random) -> str:

@@ -31,11 +31,16 @@ from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
 from astraflow.sandbox import Sandbox, SandboxConfig
-from astraflow.schema import setting
+from astraflow.schema import like, setting
 from astraflow.types import RewardOutcome, Task, Trajectory
-from astraflow.workflows.builder import AttemptsWorkflow, TrajectoryBuilder, without_stop
-from astraflow.workflows.groups import GroupConfig
-from astraflow.workflows.latency import LatencyConfig
+from astraflow.workflows.builder import (
+    WORKFLOW,
+    AttemptsWorkflow,
+    EnvConfig,
+    TrajectoryBuilder,
+    WorkflowConfig,
+    without_stop,
+)
 from astraflow.workflows.tools import sandbox_from
 
 TESTS = "\ntest:"
@@ -44,19 +49,13 @@ MAX_TESTS = 4
 
 
 @dataclass
-class SolveTestgenConfig:
+class SolveTestgenConfig(EnvConfig, WorkflowConfig):
     """``workflow=solve_testgen``: ``candidates`` solver samples per set of tests."""
 
     name: str = "solve_testgen"
     candidates: int = setting(2, ge=1)
-    max_new_tokens: int = setting(12, ge=1)
-    tester_max_new_tokens: int = setting(16, ge=1)
-    temperature: float = setting(1.0, ge=0)  # 0: greedy
+    tester_max_new_tokens: int = like(WORKFLOW["max_new_tokens"], default=16)
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=5.0))
-    latency: LatencyConfig = field(default_factory=LatencyConfig)
-    #: over-provisioned groups: start extra samples, train the first back (see
-    #: :mod:`astraflow.workflows.groups`)
-    group: GroupConfig = field(default_factory=GroupConfig)
 
 
 def parse_tests(text: str) -> list[str]:

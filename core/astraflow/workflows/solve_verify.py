@@ -40,9 +40,15 @@ import random
 from dataclasses import dataclass, field
 
 from astraflow.contracts import PolicyHandle
-from astraflow.schema import setting
+from astraflow.schema import like, setting
 from astraflow.types import Generation, RewardOutcome, Task, Trajectory
-from astraflow.workflows.builder import EnvWorkflow, TrajectoryBuilder, without_stop
+from astraflow.workflows.builder import (
+    WORKFLOW,
+    EnvWorkflow,
+    TrajectoryBuilder,
+    WorkflowConfig,
+    without_stop,
+)
 from astraflow.workflows.latency import LatencyConfig
 
 ACCEPT, REJECT = "y", "n"
@@ -53,17 +59,18 @@ EARLIER = "earlier"
 
 
 @dataclass
-class SolveVerifyConfig:
+class SolveVerifyConfig(WorkflowConfig):
     """``workflow=solve_verify``."""
 
     name: str = "solve_verify"
-    max_new_tokens: int = setting(6, ge=1)
-    temperature: float = setting(1.0, ge=0)  # 0: greedy
+    max_new_tokens: int = like(WORKFLOW["max_new_tokens"], default=6)
     retry: bool = True
     retries: int = setting(1, ge=1, why="answers after a rejection: each but the last is "
                                         "judged again")
     retry_group: str = setting("task", choices=("task", "retries"))
     balance_verifier: bool = True
+    #: an environment call per sample before it is scored (a verifier service, a
+    #: sandbox): ``latency.kind=lognormal latency.median=0.1`` models agentic waits
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
 

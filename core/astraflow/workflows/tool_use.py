@@ -17,6 +17,7 @@ from astraflow.sandbox import Sandbox, SandboxConfig
 from astraflow.schema import setting
 from astraflow.trajectory import TrajectoryBuilder
 from astraflow.types import TOOL, Task, Trajectory
+from astraflow.workflows.builder import WorkflowConfig
 from astraflow.workflows.groups import GroupConfig, first_of, sizes
 from astraflow.workflows.tools import calculator, python, sandbox_from
 
@@ -24,13 +25,11 @@ TOOLS = ("calc", "python")
 
 
 @dataclass
-class ToolUseConfig:
+class ToolUseConfig(WorkflowConfig):
     """``workflow=tool_use``."""
 
     name: str = "tool_use"
     max_turns: int = setting(3, ge=1)
-    max_new_tokens: int = setting(12, ge=1)
-    temperature: float = setting(1.0, ge=0)  # 0: greedy
     tool: str = setting("calc", choices=TOOLS)
     #: limits of ``tool=python``'s runs
     sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout=2.0))
