@@ -17,7 +17,7 @@ import msgpack
 
 from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.payloads import PayloadCorrupt
-from astraflow.dataflow.records import BatchRec, ItemRec, ServiceError, pool_key
+from astraflow.dataflow.records import BatchRec, ItemRec, ServiceError, pool_key, stale_key
 from astraflow.dataflow.store import CONSUMED, SERVED
 from astraflow.dataflow.wire import decode_trajectory, reward_failed
 from astraflow.types import Trajectory
@@ -244,7 +244,6 @@ class BatchServer:
         if steps_left is not None:
             self._steps_left[policy] = steps_left
         p.store.payloads.release(item.loc for item in evict)
-        p.counters.update(deltas)
         p.autoscale.step(wait_seconds, step_seconds, len(rec.items))
         p.pacing.acked(policy, wait_seconds, step_seconds)
         p.timeline.stepped(policy, wait_seconds, step_seconds,
@@ -252,6 +251,47 @@ class BatchServer:
                            metrics or {})
         p.signals.pulse_changed()
         return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}, policy
+
+    async def advance(self, policy: str, version: int) -> dict[str, Any]:
+        """``policy`` moves to ``version`` (its trainer published it): the buffered
+        samples it makes too stale to serve go, and so do consumed ones too old to be
+        replayed."""
+        p = self._p
+        was = p.versions[p.versions.check(policy)]
+        if not p.versions.advance(policy, version):
+            return {"policy": policy, "version": version, "dropped_stale": 0}
+        p.timeline.publish(policy, version)
+        p.algorithms.on_new_version(policy, version)
+        stale, too_old = p.ledger.drop_stale(policy, p.versions.stale)
+        # consumed items too old to be replayed go as well (trained on, so not counted)
+        deltas = Counter({f"dropped_stale:{policy}": len(stale)})
+        deltas.update(stale_key(policy, item.pool) for item in stale)
+        plugins = p.algorithms.updates()
+        gone = json.dumps([item.id for item in stale + too_old])
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO versions(policy, version) VALUES (?, ?) "
+                "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
+                (policy, version),
+            )
+            p.versions.save(conn)
+            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                         (gone,))
+            p.algorithms.save(conn, plugins)
+
+        try:
+            await p.store.run(job, deltas)
+        except Exception:
+            # the trainer announces the version again: it must find it not yet there
+            p.versions.undo_advance(policy, was)
+            p.ledger.undo_drop(policy, stale, too_old)
+            p.algorithms.unsaved(plugins)
+            raise
+        p.store.payloads.release(item.loc for item in stale + too_old)
+        p.signals.pulse_changed()
+        p.signals.pulse_version()
+        return {"policy": policy, "version": version, "dropped_stale": len(stale)}
 
 
 def _stamped(data: dict[int, dict[str, Any]], advantages: dict[int, float]

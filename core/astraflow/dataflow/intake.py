@@ -65,7 +65,7 @@ class Intake:
     async def accept(self, req: SubmitIn) -> dict[str, Any]:
         sub = self._check(req)
         if sub is None:
-            self._p.counters["submissions_duplicate"] += 1
+            self._p.store.counters["submissions_duplicate"] += 1
             return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
         previous = self._p.tasks.reserve(sub.task)
         try:
@@ -230,10 +230,10 @@ class Intake:
         return items
 
     def _accepted(self, sub: Submission, items: list[ItemRec]) -> None:
-        """The submission is durable: the ledger, the counters and the series learn of it."""
+        """The submission is durable (its counters are in): the ledger and the series learn
+        of it."""
         p = self._p
         p.tasks.complete(sub.task.task_id, sub.stamp["accepted_at"])
-        p.counters.update(sub.deltas)
         p.ledger.add_fresh(items)
         now = time.time()
         for policy in {i.policy for i in items}:

@@ -24,10 +24,10 @@ class Leasing:
         self.refusals: dict[str, Counter[str]] = {p: Counter() for p in parts.versions.policies}
 
     def samples_per_task(self, policy: str) -> float:
-        completed = self._p.counters["tasks_completed"]
+        completed = self._p.store.counters["tasks_completed"]
         if completed == 0:
             return float(self._p.settings.group_size)
-        return self._p.counters[f"produced:{policy}"] / completed
+        return self._p.store.counters[f"produced:{policy}"] / completed
 
     def snapshot(self, held: dict[str, int], node_id: str | None) -> Snapshot:
         """What admission control decides on, for ``node_id`` holding the versions
@@ -58,7 +58,9 @@ class Leasing:
             self.refusals[policy][kind] += 1
         return grant
 
-    def _grant(self, node: NodeRec, req: LeaseIn) -> tuple[list[TaskRec], dict[str, str]]:
+    def _grant(self, node: NodeRec, req: LeaseIn
+               ) -> tuple[list[TaskRec], dict[str, str], int]:
+        """The tasks granted, why not more, and how many the task selectors skipped."""
         tasks, selectors = self._p.tasks, self._p.algorithms.selectors
         tasks.expire(time.time())
         grant = self.admission(req.versions, node.node_id)
@@ -66,20 +68,20 @@ class Leasing:
         granted: list[TaskRec] = []
         while len(granted) < want and (rec := tasks.next_ready()) is not None:
             granted.append(rec)
-        examined = 0
+        examined = skipped = 0
         while len(granted) < want and examined < max(64, 8 * want):
             nxt = tasks.next_from_source()
             if nxt is None:
                 break
             examined += 1
             if not all(sel.should_issue(nxt[0]) for sel in selectors):
-                self._p.counters["tasks_skipped"] += 1
+                skipped += 1
                 continue
             granted.append(tasks.add_from_source(*nxt))
         tasks.lease_out(granted, node.node_id, time.time() + self._p.settings.lease_seconds)
         for rec in granted:
             self._p.pacing.leased(rec.task_id)
-        return granted, grant.reasons
+        return granted, grant.reasons, skipped
 
     async def lease(self, req: LeaseIn) -> dict[str, Any]:
         p = self._p
@@ -92,10 +94,11 @@ class Leasing:
         if req.versions:
             p.timeline.lease(node.node_id, req.versions)
         give_up = time.monotonic() + req.wait
-        cursor_was, skipped_was = p.tasks.cursor(), p.counters["tasks_skipped"]
+        cursor_was, skipped = p.tasks.cursor(), 0
         while True:
             changed = p.signals.changed()
-            granted, reasons = self._grant(node, req)
+            granted, reasons, more = self._grant(node, req)
+            skipped += more
             remaining = give_up - time.monotonic()
             if granted or remaining <= 0:
                 break
@@ -103,7 +106,7 @@ class Leasing:
         # task selectors may skip every task they see: their state, the skips and the
         # dataset cursor are written all the same
         if granted or p.tasks.cursor() != cursor_was:
-            await self._record(granted, p.counters["tasks_skipped"] - skipped_was)
+            await self._record(granted, skipped)
         out: dict[str, Any] = {"leases": [self._lease_reply(r) for r in granted],
                                "pace": self.pace(node.node_id)}
         if not granted:
@@ -140,7 +143,6 @@ class Leasing:
             # again; the cursor is written with the next lease
             p.algorithms.unsaved(plugins)
             raise
-        p.counters.update(deltas)
 
     def _lease_reply(self, rec: TaskRec) -> dict[str, Any]:
         return {"lease_id": f"{rec.task_id}|{rec.attempt}", "task": rec.task,
@@ -184,6 +186,5 @@ class Leasing:
             p.tasks.drop(fresh)
             raise
         p.tasks.enqueue(fresh)
-        p.counters.update(deltas)
         p.signals.pulse_changed()
         return {"accepted": len(fresh), "duplicates": duplicates}

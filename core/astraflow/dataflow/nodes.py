@@ -29,10 +29,9 @@ HEARTBEATS_PER_SECOND = 100.0
 
 
 class Nodes:
-    def __init__(self, store: Store, counters: Counter[str], tasks: TaskQueue,
+    def __init__(self, store: Store, tasks: TaskQueue,
                  signals: Signals) -> None:
-        self._store, self._counters, self._tasks, self._signals = (
-            store, counters, tasks, signals)
+        self._store, self._tasks, self._signals = store, tasks, signals
         self._nodes: dict[str, NodeRec] = {}
         #: what is derived from every node (counted again only after a node joins,
         #: leaves or is forgotten: leases ask for it, and there may be 10,000 nodes)
@@ -138,7 +137,6 @@ class Nodes:
             conn.execute("UPDATE nodes SET state = ? WHERE node_id = ?", (state, node.node_id))
 
         await self._store.run(job, deltas)
-        self._counters.update(deltas)
         self._signals.pulse_changed()
 
     def forget_departed(self, before: float) -> list[str]:

@@ -5,7 +5,6 @@ given them: named once, built once by :class:`~astraflow.dataflow.service.Datafl
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
@@ -26,7 +25,6 @@ from astraflow.dataflow.versions import Versions
 class Parts:
     settings: DataflowSettings
     store: Store
-    counters: Counter[str]
     tasks: TaskQueue
     ledger: Ledger
     nodes: Nodes

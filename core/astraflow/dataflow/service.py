@@ -22,7 +22,6 @@ import logging
 import sqlite3
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
@@ -35,12 +34,11 @@ from astraflow.dataflow.nodes import Nodes
 from astraflow.dataflow.overload import Overload
 from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.parts import Parts
-from astraflow.dataflow.payloads import PayloadCorrupt
-from astraflow.dataflow.records import STORE_ERRORS, ServiceError, log_failure, stale_key
+from astraflow.dataflow.records import STORE_ERRORS, ServiceError, log_failure
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.signals import Signals
 from astraflow.dataflow.status import StatusView
-from astraflow.dataflow.store import Store, StoreDamaged, add_counters
+from astraflow.dataflow.store import Store, StoreDamaged
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.dataflow.timeline import Timeline
 from astraflow.dataflow.versions import Versions
@@ -68,21 +66,22 @@ class DataflowService:
         self.algorithms = DataAlgorithms(registry, s.data or {})
         self.advantages = Advantages(registry, {p: s.advantage(p) for p in s.policies})
         self.store = Store(s.store_path, s.synchronous)
-        self.counters: Counter[str] = Counter()
+        #: the store's counters (it adds to them as it commits)
+        self.counters = self.store.counters
         self.tasks = TaskQueue(source)
         self.ledger = Ledger(s.policies)
         self.pacing = Pacing()
         self.versions = Versions(s.policies, lambda policy: (
             self.pacing.turnaround_spread(), self.pacing.compute_interval(policy)))
         self.signals = Signals(s.policies)
-        self.nodes = Nodes(self.store, self.counters, self.tasks, self.signals)
+        self.nodes = Nodes(self.store, self.tasks, self.signals)
         self.autoscale = AutoscaleWindow(s.autoscale_window)
         #: the dashboard's series (steps, staleness, evaluations, refreshes)
         self.timeline = Timeline()
         #: sheds leases while the event loop cannot keep up (thousands of nodes)
         self.overload = Overload(s.overload_lag, min(1.0, s.lease_seconds / 4),
                                  self.tasks.in_flight)
-        parts = Parts(s, self.store, self.counters, self.tasks, self.ledger, self.nodes,
+        parts = Parts(s, self.store, self.tasks, self.ledger, self.nodes,
                       self.versions, self.algorithms, self.advantages, self.signals,
                       self.pacing, self.timeline, self.autoscale, self.overload)
         self.batches = BatchServer(parts)
@@ -110,10 +109,9 @@ class DataflowService:
 
     def _read_store(self) -> None:
         conn = self.store.conn
-        self.counters.update(dict(conn.execute("SELECT name, value FROM counters")))
         for part in (self.versions, self.nodes, self.tasks):
             part.load(conn)
-        _recover_payloads(self.store, self.counters)
+        self.store.load()
         self.ledger.load(conn)
         self.algorithms.load(conn)
         for policy, version in self.versions.all().items():
@@ -179,7 +177,6 @@ class DataflowService:
                          (stalled,))
 
         await self.store.run(job, Counter(stalls=1))
-        self.counters.update(stalls=1)
         log.info("%d leases extended", leases)
 
     async def _forget_old(self) -> None:
@@ -204,8 +201,6 @@ class DataflowService:
 
         await self.store.run(job, Counter(tasks_forgotten=tasks, batches_forgotten=batches,
                                           nodes_forgotten=len(nodes)))
-        self.counters.update(tasks_forgotten=tasks, batches_forgotten=batches,
-                             nodes_forgotten=len(nodes))
 
     # ---- nodes -----------------------------------------------------------------------
 
@@ -336,43 +331,9 @@ class DataflowService:
             await self.signals.wait(published, remaining)
 
     async def set_version(self, policy: str, version: int) -> dict[str, Any]:
-        """``policy`` moves to ``version``: what it makes too stale goes."""
-        was = self.versions[self.versions.check(policy)]
-        if not self.versions.advance(policy, version):
-            return {"policy": policy, "version": version, "dropped_stale": 0}
-        self.timeline.publish(policy, version)
-        self.algorithms.on_new_version(policy, version)
-        stale, too_old = self.ledger.drop_stale(policy, self.versions.stale)
-        # consumed items too old to be replayed go as well (trained on, so not counted)
-        deltas = Counter({f"dropped_stale:{policy}": len(stale)})
-        deltas.update(stale_key(policy, item.pool) for item in stale)
-        plugins = self.algorithms.updates()
-        gone = json.dumps([item.id for item in stale + too_old])
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO versions(policy, version) VALUES (?, ?) "
-                "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
-                (policy, version),
-            )
-            self.versions.save(conn)
-            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                         (gone,))
-            self.algorithms.save(conn, plugins)
-
-        try:
-            await self.store.run(job, deltas)
-        except Exception:
-            # the trainer announces the version again: it must find it not yet there
-            self.versions.undo_advance(policy, was)
-            self.ledger.undo_drop(policy, stale, too_old)
-            self.algorithms.unsaved(plugins)
-            raise
-        self.store.payloads.release(item.loc for item in stale + too_old)
-        self.counters.update(deltas)
-        self.signals.pulse_changed()
-        self.signals.pulse_version()
-        return {"policy": policy, "version": version, "dropped_stale": len(stale)}
+        """``policy`` moves to ``version``: what it makes too stale goes
+        (:meth:`BatchServer.advance`)."""
+        return await self.batches.advance(policy, version)
 
     def evaluated(self, policy: str, version: int, metrics: dict[str, float]
                   ) -> dict[str, Any]:
@@ -391,66 +352,3 @@ class DataflowService:
 
     def metrics(self) -> str:
         return self.view.metrics()
-
-
-def _check_segments(on_disk: dict[int, Path], needed: dict[int, int], directory: Path) -> None:
-    """After a clean shutdown every segment the ledger points into is whole: one that
-    is missing or shorter than its rows need was damaged since (StoreDamaged)."""
-    for segment, end in sorted(needed.items()):
-        path = on_disk.get(segment)
-        if path is None:
-            raise StoreDamaged(directory / f"{segment:08d}.seg",
-                               "missing, and buffered trajectories point into it")
-        size = path.stat().st_size
-        if size < end:
-            raise StoreDamaged(path, f"truncated: {size} bytes, its trajectories need {end}")
-
-
-def _recover_payloads(store: Store, counters: Counter[str]) -> None:
-    """Move payloads of a store from before the payload log into it, count every row's
-    payload, and check them all if the previous process did not close the log (else
-    check that every segment its rows point into is whole).
-
-    After a SIGKILL every check passes. A payload that fails its checksum can only be
-    one a power cut took (``synchronous=NORMAL``): its row goes, counted as ``lost``.
-    """
-    conn, log_ = store.conn, store.payloads
-    if not log_.recovering:
-        _check_segments(log_.segments_on_disk(), dict(conn.execute(
-            "SELECT seg, max(off + len) FROM items WHERE seg IS NOT NULL GROUP BY seg")),
-            log_.directory)
-    legacy = conn.execute("SELECT id, payload FROM items WHERE seg IS NULL").fetchall()
-    if legacy:
-        locs = log_.append([bytes(p) for _id, p in legacy])
-        log_.sync()
-        with conn:
-            conn.execute("BEGIN")
-            conn.executemany(
-                "UPDATE items SET payload = NULL, seg = ?, off = ?, len = ?, crc = ? "
-                "WHERE id = ?",
-                [(*loc, item_id) for (item_id, _p), loc in zip(legacy, locs, strict=True)],
-            )
-        log_.release(locs)
-        log.info("moved %d payloads from the database into the payload log", len(legacy))
-    lost: Counter[str] = Counter()
-    bad: list[int] = []
-    if log_.recovering:
-        for item_id, policy, *loc in conn.execute(
-            "SELECT id, policy, seg, off, len, crc FROM items ORDER BY seg, off"
-        ):
-            try:
-                log_.read(tuple(loc))
-            except PayloadCorrupt:
-                bad.append(item_id)
-                lost[f"lost:{policy}"] += 1
-    if bad:
-        log.error("%d buffered trajectories were lost: their payloads did not reach the "
-                  "disk (a power cut under synchronous=NORMAL?)", len(bad))
-        with conn:
-            conn.execute("BEGIN")
-            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
-                         (json.dumps(bad),))
-            add_counters(conn, lost)
-        counters.update(lost)
-    log_.hold(conn.execute("SELECT seg, off, len, crc FROM items"))
-    log_.reclaim_unreferenced()

@@ -30,7 +30,7 @@ class StatusView:
         """A per-(policy, pool) counter: produced, consumed or dropped_stale samples."""
         prefix = f"{event}_pool:"
         out: dict[str, dict[str, int]] = {p: {} for p in self._p.versions.policies}
-        for name, n in self._p.counters.items():
+        for name, n in self._p.store.counters.items():
             if name.startswith(prefix) and n:
                 policy, pool = json.loads(name[len(prefix):])
                 if policy in out:
@@ -45,15 +45,15 @@ class StatusView:
                           self.by_pool("consumed")[policy], stale)
         return {"generated": got["generated"], "trained_fraction": got["trained_fraction"],
                 "dropped_stale_by_pool": stale,
-                "reward_failed": self._p.counters[f"reward_failed:{policy}"],
-                "cancelled": self._p.counters[f"cancelled:{policy}"]}
+                "reward_failed": self._p.store.counters[f"reward_failed:{policy}"],
+                "cancelled": self._p.store.counters[f"cancelled:{policy}"]}
 
     def _yield(self, policy: str, produced: dict[str, int], consumed: dict[str, int],
                stale: dict[str, int]) -> dict[str, Any]:
         """How much of what the nodes generated for ``policy`` was trained on, in all
         and per rollout pool. What is still buffered or in a batch being trained on is
         left out of the fraction (it may yet be trained on) and reported as pending."""
-        c = self._p.counters
+        c = self._p.store.counters
         waiting = self._p.ledger.waiting_per_pool(policy)
         pending = sum(waiting.values())
         generated, trained = c[f"produced:{policy}"], c[f"consumed:{policy}"]
@@ -73,7 +73,7 @@ class StatusView:
         }
 
     def status(self) -> dict[str, Any]:
-        p, c = self._p, self._p.counters
+        p, c = self._p, self._p.store.counters
         store = p.store
         return {
             "uptime_seconds": round(time.time() - self.started_at, 3),
@@ -133,7 +133,7 @@ class StatusView:
         return pools
 
     def _policies(self) -> dict[str, dict[str, Any]]:
-        p, c = self._p, self._p.counters
+        p, c = self._p, self._p.store.counters
         stale = self.by_pool("dropped_stale")
         produced, consumed = self.by_pool("produced"), self.by_pool("consumed")
         return {

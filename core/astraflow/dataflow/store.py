@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import queue
 import sqlite3
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from astraflow.dataflow.payloads import PayloadLog
+from astraflow.dataflow.payloads import PayloadCorrupt, PayloadLog
 from astraflow.errors import ConfigError
 
 log = logging.getLogger("astraflow.dataflow")
@@ -123,6 +124,9 @@ class Store:
         self._checkpointer: threading.Thread | None = None
         #: WAL frames not yet copied into the database at the last checkpoint (its lag)
         self.wal_frames_pending = 0
+        #: the counters table as committed (and a few counts kept in memory alone, as
+        #: duplicate submissions): every commit through :meth:`run` adds its own
+        self.counters: Counter[str] = Counter()
 
     def _open(self, synchronous: str) -> None:
         """Open the database and bring its schema up to date."""
@@ -206,7 +210,8 @@ class Store:
         """Run ``job`` in the next transaction; return once it is committed.
 
         ``counters`` are added to the counters table if the job succeeds, summed with
-        those of the transaction's other jobs: one statement per name, not per job.
+        those of the transaction's other jobs: one statement per name, not per job; and,
+        once committed, to :attr:`counters`.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -216,7 +221,16 @@ class Store:
             self._pending.append((job, loop, future, counters))
         else:
             self._queue.put((job, loop, future, counters))
-        return await future
+        result = await future
+        if counters:
+            self.counters.update(counters)
+        return result
+
+    def load(self) -> None:
+        """Read what a previous process left: the counters, and every buffered
+        trajectory's payload checked (:func:`_recover_payloads`)."""
+        self.counters.update(dict(self.conn.execute("SELECT name, value FROM counters")))
+        _recover_payloads(self)
 
     def flush(self) -> None:
         """Commit the jobs queued on the event loop (inline mode; a no-op otherwise)."""
@@ -339,3 +353,66 @@ def _resolve(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None
             future.set_result(result)
         else:
             future.set_exception(error)
+
+
+def _check_segments(on_disk: dict[int, Path], needed: dict[int, int], directory: Path) -> None:
+    """After a clean shutdown every segment the ledger points into is whole: one that
+    is missing or shorter than its rows need was damaged since (StoreDamaged)."""
+    for segment, end in sorted(needed.items()):
+        path = on_disk.get(segment)
+        if path is None:
+            raise StoreDamaged(directory / f"{segment:08d}.seg",
+                               "missing, and buffered trajectories point into it")
+        size = path.stat().st_size
+        if size < end:
+            raise StoreDamaged(path, f"truncated: {size} bytes, its trajectories need {end}")
+
+
+def _recover_payloads(store: Store) -> None:
+    """Move payloads of a store from before the payload log into it, count every row's
+    payload, and check them all if the previous process did not close the log (else
+    check that every segment its rows point into is whole).
+
+    After a SIGKILL every check passes. A payload that fails its checksum can only be
+    one a power cut took (``synchronous=NORMAL``): its row goes, counted as ``lost``.
+    """
+    conn, log_ = store.conn, store.payloads
+    if not log_.recovering:
+        _check_segments(log_.segments_on_disk(), dict(conn.execute(
+            "SELECT seg, max(off + len) FROM items WHERE seg IS NOT NULL GROUP BY seg")),
+            log_.directory)
+    legacy = conn.execute("SELECT id, payload FROM items WHERE seg IS NULL").fetchall()
+    if legacy:
+        locs = log_.append([bytes(p) for _id, p in legacy])
+        log_.sync()
+        with conn:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "UPDATE items SET payload = NULL, seg = ?, off = ?, len = ?, crc = ? "
+                "WHERE id = ?",
+                [(*loc, item_id) for (item_id, _p), loc in zip(legacy, locs, strict=True)],
+            )
+        log_.release(locs)
+        log.info("moved %d payloads from the database into the payload log", len(legacy))
+    lost: Counter[str] = Counter()
+    bad: list[int] = []
+    if log_.recovering:
+        for item_id, policy, *loc in conn.execute(
+            "SELECT id, policy, seg, off, len, crc FROM items ORDER BY seg, off"
+        ):
+            try:
+                log_.read(tuple(loc))
+            except PayloadCorrupt:
+                bad.append(item_id)
+                lost[f"lost:{policy}"] += 1
+    if bad:
+        log.error("%d buffered trajectories were lost: their payloads did not reach the "
+                  "disk (a power cut under synchronous=NORMAL?)", len(bad))
+        with conn:
+            conn.execute("BEGIN")
+            conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
+                         (json.dumps(bad),))
+            add_counters(conn, lost)
+        store.counters.update(lost)
+    log_.hold(conn.execute("SELECT seg, off, len, crc FROM items"))
+    log_.reclaim_unreferenced()

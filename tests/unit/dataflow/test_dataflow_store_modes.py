@@ -45,3 +45,31 @@ def test_a_failing_job_undoes_only_itself_and_acknowledged_jobs_persist(tmp_path
     rows = dict(reopened.execute("SELECT name, value FROM counters").fetchall())
     reopened.close()
     assert rows == {**{f"c{i}": i for i in range(8) if i != 3}, "alone-good": 9}
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_a_job_s_counters_count_once_committed_and_a_reopened_store_has_them(
+        tmp_path, synchronous):
+    """The store owns the counters it commits: a committed job's are in memory and in
+    the table, a failed job's in neither, and a store opened again reads them back."""
+    from collections import Counter
+
+    store = Store(tmp_path, synchronous)
+
+    def fail(conn: sqlite3.Connection) -> None:
+        raise ValueError("refused")
+
+    async def main() -> None:
+        store.start()
+        await store.run(lambda conn: None, Counter(accepted=2, produced=5))
+        with pytest.raises(ValueError):
+            await store.run(fail, Counter(accepted=100))
+        await store.run(lambda conn: None, Counter(accepted=1))
+        await asyncio.to_thread(store.close)
+
+    asyncio.run(main())
+    assert store.counters == Counter(accepted=3, produced=5)
+    again = Store(tmp_path, synchronous)
+    again.load()
+    assert again.counters == Counter(accepted=3, produced=5)
+    again.close()
