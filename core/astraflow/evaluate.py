@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from astraflow.components import build_workflow, role_map
 from astraflow.lifecycle import mark_ready
 from astraflow.plugins import get_registry
-from astraflow.raas.engines import EnginePolicy, start_engines
+from astraflow.raas.engines import EnginePolicy, sampling_defaults, start_engines
 from astraflow.rewards.base import reward_metric_means
 from astraflow.weights._fs import build_dir
 from astraflow.weights.client import Synced
@@ -59,12 +59,11 @@ class Evaluator:
         base = workflow.config
         out = {}
         for key, temperature, samples in (
-            ("eval_accuracy", base.get("temperature", 1.0), self.cfg.eval_samples),
+            ("eval_accuracy", sampling_defaults(base)["temperature"], self.cfg.eval_samples),
             ("eval_greedy_accuracy", 0.0, 1),
         ):
             workflow.config = OmegaConf.merge(base, {"temperature": temperature})
-            defaults = {"max_new_tokens": base.get("max_new_tokens", 16),
-                        "temperature": temperature}
+            defaults = {**sampling_defaults(base), "temperature": temperature}
             handles = {role: EnginePolicy(p, backends[p], defaults) for role, p in roles.items()}
             results = await asyncio.gather(*(workflow.run(t, handles, samples) for t in tasks))
             # a workflow marks trajectories that are not the policy's answer to the

@@ -112,13 +112,23 @@ async def start_engines(cfg: DictConfig, policies: list[str], engines: list[Roll
     return served
 
 
+def sampling_defaults(workflow: Any) -> dict[str, Any]:
+    """What a request that names neither gets: the workflow's ``max_new_tokens`` and
+    ``temperature``, else :class:`~astraflow.workflows.builder.WorkflowConfig`'s."""
+    from astraflow.workflows.builder import WorkflowConfig, with_defaults
+
+    sampling = with_defaults(workflow or {}, WorkflowConfig)
+    return {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature}
+
+
 class EnginePolicy:
-    """A policy handle for workflows: token-level generation on this node's engine."""
+    """A policy handle for workflows: token-level generation on this node's engine;
+    ``defaults`` (:func:`sampling_defaults`) for what a request does not name."""
 
     def __init__(self, name: str, backend: ServedPolicy, defaults: dict[str, Any]) -> None:
         self.name = name
         self.backend = backend
-        self.defaults = defaults
+        self.defaults = {**sampling_defaults({}), **defaults}
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1,
                        max_new_tokens: int | None = None, temperature: float | None = None,
@@ -126,9 +136,8 @@ class EnginePolicy:
                        seed: int | None = None) -> list[Generation]:
         request = GenerationRequest(
             prompt_ids=list(prompt_ids), n=n,
-            max_new_tokens=max_new_tokens or self.defaults.get("max_new_tokens", 16),
-            temperature=self.defaults.get("temperature", 1.0) if temperature is None
-            else temperature,
+            max_new_tokens=max_new_tokens or self.defaults["max_new_tokens"],
+            temperature=self.defaults["temperature"] if temperature is None else temperature,
             stop_token_ids=list(stop_token_ids or []), top_p=top_p, seed=seed,
         )
         return await self.backend.generate(request)

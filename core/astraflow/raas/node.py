@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from astraflow.components import build_workflow, policy_names, role_map
 from astraflow.contracts import RolloutBackend
 from astraflow.lifecycle import launcher_gone, mark_ready
-from astraflow.raas.engines import EnginePolicy, ServedPolicy, start_engines
+from astraflow.raas.engines import EnginePolicy, ServedPolicy, sampling_defaults, start_engines
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError
 from astraflow.workflows.builder import with_defaults
@@ -151,8 +151,7 @@ class RaaSNode:
         self.roles = role_map(self.cfg, self.workflow.roles)
         self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
         # made once (read from the config for every task, they cost it tens of us)
-        defaults = {"max_new_tokens": self.cfg.workflow.get("max_new_tokens", 16),
-                    "temperature": self.cfg.workflow.get("temperature", 1.0)}
+        defaults = sampling_defaults(self.cfg.workflow)
         self._handles = {role: EnginePolicy(policy, self.backends[policy], defaults)
                          for role, policy in self.roles.items()}
         # a node that joins late catches up before it serves

@@ -79,3 +79,22 @@ def test_an_evaluator_with_nothing_to_score_ends_without_an_engine(tmp_path, tin
     asyncio.run(evaluator.run())
     assert ready.exists()  # it set up and ended well: the launcher counts it finished
     assert not (run_dir / "metrics" / "eval.jsonl").exists()  # no score of nothing
+
+
+def test_preparing_a_run_leaves_the_config_it_was_given_as_it_was(tmp_path, tiny_model_dir,
+                                                                   monkeypatch):
+    """The resolved config (run directory, policies, paths, sync staleness) is a new one:
+    the caller's, validated as composed, is not changed under it."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.chdir(tmp_path)  # relative paths, resolved against it
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    given = compose_config([f"model.path={tiny_model_dir}", "task=jsonl", "mode=sync",
+                            "task.train_files=[train.jsonl]", "run_dir=run"])
+    before = OmegaConf.to_yaml(given)
+    resolved, run_dir, _ = prepare_run(given)
+    assert OmegaConf.to_yaml(given) == before
+    assert resolved.run_dir == str(run_dir) != given.run_dir
+    assert resolved.policies.policy.max_staleness == 0  # sync: resolved, in the copy alone
