@@ -15,10 +15,17 @@ from typing import Any
 
 import msgpack
 
-from astraflow.dataflow.parts import Parts
+from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
+from astraflow.dataflow.autoscale import AutoscaleWindow
+from astraflow.dataflow.ledger import Ledger
+from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.payloads import PayloadCorrupt
 from astraflow.dataflow.records import BatchRec, ItemRec, ServiceError, pool_key, stale_key
-from astraflow.dataflow.store import CONSUMED, SERVED
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.signals import Signals
+from astraflow.dataflow.store import CONSUMED, SERVED, Store
+from astraflow.dataflow.timeline import Timeline
+from astraflow.dataflow.versions import Versions
 from astraflow.dataflow.wire import decode_trajectory, reward_failed
 from astraflow.types import Trajectory
 
@@ -30,8 +37,20 @@ Served = tuple[BatchRec, dict[int, bytes], bool]
 
 
 class BatchServer:
-    def __init__(self, parts: Parts) -> None:
-        self._p = parts
+    def __init__(self, *, settings: DataflowSettings, store: Store, ledger: Ledger,
+                 versions: Versions, algorithms: DataAlgorithms, advantages: Advantages,
+                 signals: Signals, pacing: Pacing, timeline: Timeline,
+                 autoscale: AutoscaleWindow) -> None:
+        self._settings = settings
+        self._store = store
+        self._ledger = ledger
+        self._versions = versions
+        self._algorithms = algorithms
+        self._advantages = advantages
+        self._signals = signals
+        self._pacing = pacing
+        self._timeline = timeline
+        self._autoscale = autoscale
         #: per policy, the steps its trainer said it has still to take (at its last ack)
         self._steps_left: dict[str, int] = {}
 
@@ -41,7 +60,7 @@ class BatchServer:
     def unpublished(self, policy: str, held: list[BatchRec]) -> int:
         """Of ``held``, the batches whose step has not published its version yet: each
         puts one more version between a queued sample and the step that trains it."""
-        now = self._p.versions[policy]
+        now = self._versions[policy]
         return sum(1 for rec in held if rec.trainer_version >= now)
 
     async def get_batch(self, policy: str, n: int, timeout: float, trainer_id: str,
@@ -54,27 +73,26 @@ class BatchServer:
         ones (it restarted, or lost the reply) it gets the oldest again, and asking after
         it the next, so a restart is served the same batches in the same order.
         """
-        p = self._p
-        p.versions.check(policy)
-        if n > p.settings.buffer_capacity:
+        self._versions.check(policy)
+        if n > self._settings.buffer_capacity:
             raise ServiceError(
-                422, f"n={n} exceeds the buffer capacity {p.settings.buffer_capacity}")
+                422, f"n={n} exceeds the buffer capacity {self._settings.buffer_capacity}")
         give_up = time.monotonic() + timeout
         while True:
-            arrival = p.signals.arrival(policy)
-            async with p.signals.policy_lock(policy):
+            arrival = self._signals.arrival(policy)
+            async with self._signals.policy_lock(policy):
                 served = await self._next(policy, n, trainer_id, after)
                 if served is not None:
                     return served
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return None
-            await p.signals.wait(arrival, remaining)
+            await self._signals.wait(arrival, remaining)
 
     async def _next(self, policy: str, n: int, trainer_id: str, after: str | None
                     ) -> Served | None:
         """The batch after ``after`` the trainer holds, or a new one if there is enough."""
-        held = self._p.ledger.held_by(policy, trainer_id)
+        held = self._ledger.held_by(policy, trainer_id)
         ids = [rec.batch_id for rec in held]
         following = ids.index(after) + 1 if after in ids else 0
         if following < len(held):
@@ -85,7 +103,7 @@ class BatchServer:
                 f"trainer {trainer_id!r} already holds {len(held)} unacknowledged batches "
                 f"of {policy!r} (at most {PIPELINE_DEPTH}): acknowledge {ids[0]} first"))
         # one version later for each of its steps not yet published
-        version = self._p.versions[policy] + self.unpublished(policy, held)
+        version = self._versions[policy] + self.unpublished(policy, held)
         picked = self._compose(policy, n, version)
         if picked is None:
             return None
@@ -97,12 +115,12 @@ class BatchServer:
     def _in_order(self, policy: str, version: int) -> Iterator[ItemRec]:
         """Fresh items in serving order, arrival (FIFO) or staleness deadline (EDF), that
         are within the staleness bound at ``version`` (the one they would be trained at)."""
-        versions = self._p.versions
-        fresh = self._p.ledger.fresh_items(policy)
+        versions = self._versions
+        fresh = self._ledger.fresh_items(policy)
         if version > versions[policy]:  # fetched ahead: trained after this step's version
             bound = version - versions.trainable_within(policy)
             fresh = (r for r in fresh if r.min_version < 0 or r.min_version >= bound)
-        if self._p.settings.order == "fifo":
+        if self._settings.order == "fifo":
             return fresh
         big = 1 << 62
         return iter(sorted(fresh, key=lambda r: (r.min_version if r.min_version >= 0 else big,
@@ -111,7 +129,7 @@ class BatchServer:
     def _compose(self, policy: str, n: int, version: int) -> tuple[list[int], list[int]] | None:
         """(fresh ids, replayed ids) for a batch of ``n`` trained at ``version``, or None
         if not enough yet."""
-        ledger, sampler = self._p.ledger, self._p.algorithms.sampler
+        ledger, sampler = self._ledger, self._algorithms.sampler
         if sampler is None:
             if ledger.buffered(policy) < n:
                 return None
@@ -143,7 +161,7 @@ class BatchServer:
 
     def _read(self, items: list[ItemRec]) -> dict[int, bytes]:
         try:
-            read = self._p.store.payloads.read
+            read = self._store.payloads.read
             return {item.id: read(item.loc) for item in items}
         except PayloadCorrupt as exc:
             raise ServiceError(500, f"the store is damaged: {exc}") from None
@@ -151,7 +169,7 @@ class BatchServer:
     def _served_again(self, rec: BatchRec) -> dict[int, bytes]:
         """The payloads of a batch served before, with the advantages it was served
         with: a batch served again is the same batch."""
-        payloads = self._read(self._p.ledger.served_items(rec))
+        payloads = self._read(self._ledger.served_items(rec))
         if rec.advantages is None:
             return payloads
         return _stamped({i: msgpack.unpackb(raw) for i, raw in payloads.items()},
@@ -163,18 +181,18 @@ class BatchServer:
         recorded in ``rec.advantages`` (and the store), for a batch served again. The
         stored payloads keep the advantages of the group stage, which a replayed
         sample brings to the next batch it is served in."""
-        if not self._p.advantages.has_batch_stage(rec.policy):
+        if not self._advantages.has_batch_stage(rec.policy):
             return payloads
         ids = rec.items + rec.replay
         data = {i: msgpack.unpackb(payloads[i]) for i in ids}
-        out = self._p.advantages.batch(
+        out = self._advantages.batch(
             rec.policy, [float(data[i]["advantage"]) for i in ids],
             [reward_failed(data[i]) for i in ids])
         rec.advantages = dict(zip(ids, out, strict=True))
         return _stamped(data, rec.advantages)
 
     async def _serve(self, rec: BatchRec) -> dict[int, bytes]:
-        ledger = self._p.ledger
+        ledger = self._ledger
         taken = ledger.open_batch(rec)
 
         def job(conn: sqlite3.Connection) -> None:
@@ -195,7 +213,7 @@ class BatchServer:
             replayed = [ledger.replay_item(rec.policy, i) for i in rec.replay]
             payloads = self._batch_stage(
                 rec, self._read(taken + [item for item in replayed if item is not None]))
-            await self._p.store.run(job)
+            await self._store.run(job)
         except Exception:
             ledger.cancel_batch(rec)
             raise
@@ -210,16 +228,15 @@ class BatchServer:
         ``metrics`` (the step's reward_mean, loss...) go to the dashboard's series;
         ``steps_left``, the trainer's steps still to come, bound admission. The reply,
         and the batch's policy (None for a batch acknowledged before)."""
-        p = self._p
-        rec = p.ledger.batch(batch_id)
+        rec = self._ledger.batch(batch_id)
         if rec is None:
-            if p.ledger.was_acked(batch_id):
+            if self._ledger.was_acked(batch_id):
                 return {"status": "duplicate", "batch_id": batch_id}, None
             raise ServiceError(404, f"unknown batch {batch_id!r}")
-        policy, keep = rec.policy, p.algorithms.sampler is not None
+        policy, keep = rec.policy, self._algorithms.sampler is not None
         now = time.time()
-        closed = p.ledger.close_batch(rec, keep, p.versions.stale, p.settings.buffer_capacity,
-                                      now)
+        closed = self._ledger.close_batch(rec, keep, self._versions.stale,
+                                          self._settings.buffer_capacity, now)
         trained, evict = closed.trained, closed.evict
         deltas = Counter({f"consumed:{policy}": len(rec.items),
                           f"replayed:{policy}": len(rec.replay)})
@@ -237,36 +254,35 @@ class BatchServer:
                          (now, batch_id))
 
         try:
-            await p.store.run(job, deltas)
+            await self._store.run(job, deltas)
         except Exception:
-            p.ledger.undo_close(closed)  # the trainer's retry acknowledges it again
+            self._ledger.undo_close(closed)  # the trainer's retry acknowledges it again
             raise
         if steps_left is not None:
             self._steps_left[policy] = steps_left
-        p.store.payloads.release(item.loc for item in evict)
-        p.autoscale.step(wait_seconds, step_seconds, len(rec.items))
-        p.pacing.acked(policy, wait_seconds, step_seconds)
-        p.timeline.stepped(policy, wait_seconds, step_seconds,
+        self._store.payloads.release(item.loc for item in evict)
+        self._autoscale.step(wait_seconds, step_seconds, len(rec.items))
+        self._pacing.acked(policy, wait_seconds, step_seconds)
+        self._timeline.stepped(policy, wait_seconds, step_seconds,
                            [rec.trainer_version - item.min_version for item in trained],
                            metrics or {})
-        p.signals.pulse_changed()
+        self._signals.pulse_changed()
         return {"status": "acked", "batch_id": batch_id, "consumed": len(rec.items)}, policy
 
     async def advance(self, policy: str, version: int) -> dict[str, Any]:
         """``policy`` moves to ``version`` (its trainer published it): the buffered
         samples it makes too stale to serve go, and so do consumed ones too old to be
         replayed."""
-        p = self._p
-        was = p.versions[p.versions.check(policy)]
-        if not p.versions.advance(policy, version):
+        was = self._versions[self._versions.check(policy)]
+        if not self._versions.advance(policy, version):
             return {"policy": policy, "version": version, "dropped_stale": 0}
-        p.timeline.publish(policy, version)
-        p.algorithms.on_new_version(policy, version)
-        stale, too_old = p.ledger.drop_stale(policy, p.versions.stale)
+        self._timeline.publish(policy, version)
+        self._algorithms.on_new_version(policy, version)
+        stale, too_old = self._ledger.drop_stale(policy, self._versions.stale)
         # consumed items too old to be replayed go as well (trained on, so not counted)
         deltas = Counter({f"dropped_stale:{policy}": len(stale)})
         deltas.update(stale_key(policy, item.pool) for item in stale)
-        plugins = p.algorithms.updates()
+        plugins = self._algorithms.updates()
         gone = json.dumps([item.id for item in stale + too_old])
 
         def job(conn: sqlite3.Connection) -> None:
@@ -275,22 +291,22 @@ class BatchServer:
                 "ON CONFLICT(policy) DO UPDATE SET version = excluded.version",
                 (policy, version),
             )
-            p.versions.save(conn)
+            self._versions.save(conn)
             conn.execute("DELETE FROM items WHERE id IN (SELECT value FROM json_each(?))",
                          (gone,))
-            p.algorithms.save(conn, plugins)
+            self._algorithms.save(conn, plugins)
 
         try:
-            await p.store.run(job, deltas)
+            await self._store.run(job, deltas)
         except Exception:
             # the trainer announces the version again: it must find it not yet there
-            p.versions.undo_advance(policy, was)
-            p.ledger.undo_drop(policy, stale, too_old)
-            p.algorithms.unsaved(plugins)
+            self._versions.undo_advance(policy, was)
+            self._ledger.undo_drop(policy, stale, too_old)
+            self._algorithms.unsaved(plugins)
             raise
-        p.store.payloads.release(item.loc for item in stale + too_old)
-        p.signals.pulse_changed()
-        p.signals.pulse_version()
+        self._store.payloads.release(item.loc for item in stale + too_old)
+        self._signals.pulse_changed()
+        self._signals.pulse_version()
         return {"policy": policy, "version": version, "dropped_stale": len(stale)}
 
 

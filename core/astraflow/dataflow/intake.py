@@ -14,8 +14,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.dataflow.algorithms import Advantages, DataAlgorithms
+from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.checks import CheckedTrajectory, check_trajectories
-from astraflow.dataflow.parts import Parts
+from astraflow.dataflow.ledger import Ledger
+from astraflow.dataflow.nodes import Nodes
+from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.records import (
     UNKNOWN_POOL,
     ItemRec,
@@ -24,7 +28,12 @@ from astraflow.dataflow.records import (
     pool_key,
     stale_key,
 )
-from astraflow.dataflow.store import FRESH
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.signals import Signals
+from astraflow.dataflow.store import FRESH, Store
+from astraflow.dataflow.tasks import TaskQueue
+from astraflow.dataflow.timeline import Timeline
+from astraflow.dataflow.versions import Versions
 from astraflow.dataflow.wire import SubmitIn
 from astraflow.types import Task, Trajectory
 
@@ -54,8 +63,22 @@ class Submission:
 
 
 class Intake:
-    def __init__(self, parts: Parts) -> None:
-        self._p = parts
+    def __init__(self, *, settings: DataflowSettings, store: Store, tasks: TaskQueue,
+                 ledger: Ledger, nodes: Nodes, versions: Versions, algorithms: DataAlgorithms,
+                 advantages: Advantages, signals: Signals, pacing: Pacing, timeline: Timeline,
+                 autoscale: AutoscaleWindow) -> None:
+        self._settings = settings
+        self._store = store
+        self._tasks = tasks
+        self._ledger = ledger
+        self._nodes = nodes
+        self._versions = versions
+        self._algorithms = algorithms
+        self._advantages = advantages
+        self._signals = signals
+        self._pacing = pacing
+        self._timeline = timeline
+        self._autoscale = autoscale
         #: the first traceback of a failed reward per policy (for the console and metrics)
         self.reward_errors: dict[str, str] = {}
         #: when (epoch seconds) this process accepted its first trajectory per policy:
@@ -65,20 +88,20 @@ class Intake:
     async def accept(self, req: SubmitIn) -> dict[str, Any]:
         sub = self._check(req)
         if sub is None:
-            self._p.store.counters["submissions_duplicate"] += 1
+            self._store.counters["submissions_duplicate"] += 1
             return {"status": "duplicate", "task_id": req.lease_id.rpartition("|")[0]}
-        previous = self._p.tasks.reserve(sub.task)
+        previous = self._tasks.reserve(sub.task)
         try:
             self._stamp(sub)
             for (group_id, policy), members in self._group(sub).items():
-                if self._algorithms(sub, policy, members):
-                    advantages = self._advantages(policy, members)
+                if self._keep_group(sub, policy, members):
+                    advantages = self._group_advantages(policy, members)
                     self._rows(sub, group_id, policy, members, advantages)
             items = await self._commit(sub)
         except Exception:
             # refused (an estimator's bad answer, a failed commit): the task may be
             # submitted again
-            self._p.tasks.unreserve(sub.task, previous)
+            self._tasks.unreserve(sub.task, previous)
             raise
         self._accepted(sub, items)
         return {"status": "accepted", "task_id": sub.task.task_id, "accepted": sub.accepted,
@@ -89,7 +112,7 @@ class Intake:
     def _check(self, req: SubmitIn) -> Submission | None:
         """The submission checked against its lease and the buffers (None: a duplicate)."""
         checked = check_trajectories(req.trajectories)
-        rec = self._p.tasks.leased_task(req.lease_id)
+        rec = self._tasks.leased_task(req.lease_id)
         if rec is None:
             return None
         for i, ct in enumerate(checked):
@@ -98,13 +121,13 @@ class Intake:
                     422, f"trajectories.{i}.task_id is {ct.task_id!r}, the lease is for "
                     f"{rec.task_id!r}"
                 )
-            self._p.versions.check(ct.policy)
+            self._versions.check(ct.policy)
         overflow = set()
-        capacity = self._p.settings.buffer_capacity
+        capacity = self._settings.buffer_capacity
         for policy, n in Counter(ct.policy for ct in checked).items():
-            buffered = self._p.ledger.buffered(policy)
+            buffered = self._ledger.buffered(policy)
             if buffered + n > capacity:
-                if self._p.nodes.orphaned(policy):
+                if self._nodes.orphaned(policy):
                     overflow.add(policy)
                     continue
                 raise ServiceError(
@@ -116,7 +139,7 @@ class Intake:
     def _stamp(self, sub: Submission) -> None:
         rec, now = sub.task, time.time()
         sub.node_id = sub.req.node_id or rec.node_id
-        node = self._p.nodes.get(sub.node_id)
+        node = self._nodes.get(sub.node_id)
         if node is not None and node.state == "active":
             node.last_seen = time.monotonic()  # heard from: as good as a heartbeat
         labels = node.labels if node else {}
@@ -128,7 +151,7 @@ class Intake:
             "node_id": sub.node_id,
             "pool": sub.pool,
             "region": labels.get("region", "unknown"),
-            "leased_at": (rec.deadline or now) - self._p.settings.lease_seconds,
+            "leased_at": (rec.deadline or now) - self._settings.lease_seconds,
             "accepted_at": now,
         }
 
@@ -139,7 +162,7 @@ class Intake:
             groups.setdefault((ct.group_id, ct.policy), []).append(ct)
         return groups
 
-    def _algorithms(self, sub: Submission, policy: str, members: Group) -> bool:
+    def _keep_group(self, sub: Submission, policy: str, members: Group) -> bool:
         """Count the group, show it to the task selectors and the filters: whether its
         samples go on (not filtered out, and their policy still trains)."""
         n, d = len(members), sub.deltas
@@ -153,7 +176,7 @@ class Intake:
         if failed and policy not in self.reward_errors:
             first = next(ct for ct in members if ct.outcome.failed)
             self.reward_errors[policy] = first.outcome.reason or ""
-        algorithms = self._p.algorithms
+        algorithms = self._algorithms
         if algorithms.selectors:
             source_task = Task(**{**sub.task.task, "task_id": sub.stamp["source_task_id"]})
             for sel in algorithms.selectors:
@@ -170,9 +193,9 @@ class Intake:
             return False
         return True
 
-    def _advantages(self, policy: str, members: Group) -> list[float]:
+    def _group_advantages(self, policy: str, members: Group) -> list[float]:
         rollouts = [ct.metadata.get("rollout") for ct in members]
-        return self._p.advantages.group(
+        return self._advantages.group(
             policy, [ct.reward for ct in members], [ct.outcome.failed for ct in members],
             rollouts if any(r is not None for r in rollouts) else None,
             [float(ct.metadata.get("rollout_reward", ct.reward)) for ct in members])
@@ -186,12 +209,12 @@ class Intake:
                 # call): counted above, in its group's baseline, never served
                 d[f"filtered:{policy}"] += 1
                 sub.filtered += 1
-            elif self._p.versions.stale(policy, ct.min_version):
+            elif self._versions.stale(policy, ct.min_version):
                 d[f"dropped_stale:{policy}"] += 1
                 d[stale_key(policy, sub.pool)] += 1
                 sub.dropped += 1
             else:
-                sub.rows.append((self._p.ledger.new_item_id(), policy, sub.task.task_id,
+                sub.rows.append((self._ledger.new_item_id(), policy, sub.task.task_id,
                                  group_id, ct.min_version, sub.pool))
                 sub.payloads.append(ct.payload(advantage, {**ct.metadata, **meta}))
                 d[f"accepted:{policy}"] += 1
@@ -199,9 +222,9 @@ class Intake:
 
     async def _commit(self, sub: Submission) -> list[ItemRec]:
         """Payloads to the log, then the rows that point at them to the store."""
-        p, rows, task_id = self._p, sub.rows, sub.task.task_id
-        plugins = p.algorithms.updates()
-        locs = p.store.payloads.append(sub.payloads) if sub.payloads else []
+        rows, task_id = sub.rows, sub.task.task_id
+        plugins = self._algorithms.updates()
+        locs = self._store.payloads.append(sub.payloads) if sub.payloads else []
         items = [ItemRec(item_id, policy, task, group, min_version, loc, pool)
                  for (item_id, policy, task, group, min_version, pool), loc
                  in zip(rows, locs, strict=True)]
@@ -215,33 +238,32 @@ class Intake:
             )
             conn.execute("UPDATE tasks SET state = 'done', done_at = ? WHERE task_id = ?",
                          (sub.stamp["accepted_at"], task_id))
-            p.algorithms.save(conn, plugins)
+            self._algorithms.save(conn, plugins)
 
         committing = Counter(item.policy for item in items)
-        p.ledger.begin_commit(committing)  # admission control counts them meanwhile
+        self._ledger.begin_commit(committing)  # admission control counts them meanwhile
         try:
-            await p.store.run(job, sub.deltas)
+            await self._store.run(job, sub.deltas)
         except Exception:
-            p.store.payloads.release(locs)
-            p.algorithms.unsaved(plugins)
+            self._store.payloads.release(locs)
+            self._algorithms.unsaved(plugins)
             raise
         finally:
-            p.ledger.end_commit(committing)
+            self._ledger.end_commit(committing)
         return items
 
     def _accepted(self, sub: Submission, items: list[ItemRec]) -> None:
         """The submission is durable (its counters are in): the ledger and the series learn
         of it."""
-        p = self._p
-        p.tasks.complete(sub.task.task_id, sub.stamp["accepted_at"])
-        p.ledger.add_fresh(items)
+        self._tasks.complete(sub.task.task_id, sub.stamp["accepted_at"])
+        self._ledger.add_fresh(items)
         now = time.time()
         for policy in {i.policy for i in items}:
             self.first_accepted.setdefault(policy, now)
         if sub.accepted:
-            p.autoscale.produce(sub.pool, sub.accepted)
-        if p.nodes.get(sub.node_id) is not None:
-            p.pacing.accepted(sub.task.task_id, sub.node_id or "")
-            p.timeline.accept(sub.node_id, sub.accepted)
+            self._autoscale.produce(sub.pool, sub.accepted)
+        if self._nodes.get(sub.node_id) is not None:
+            self._pacing.accepted(sub.task.task_id, sub.node_id or "")
+            self._timeline.accept(sub.node_id, sub.accepted)
         for policy in {i.policy for i in items}:
-            p.signals.pulse_arrival(policy)
+            self._signals.pulse_arrival(policy)

@@ -33,7 +33,6 @@ from astraflow.dataflow.ledger import Ledger
 from astraflow.dataflow.nodes import Nodes
 from astraflow.dataflow.overload import Overload
 from astraflow.dataflow.pacing import Pacing
-from astraflow.dataflow.parts import Parts
 from astraflow.dataflow.records import STORE_ERRORS, ServiceError, log_failure
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.signals import Signals
@@ -81,13 +80,24 @@ class DataflowService:
         #: sheds leases while the event loop cannot keep up (thousands of nodes)
         self.overload = Overload(s.overload_lag, min(1.0, s.lease_seconds / 4),
                                  self.tasks.in_flight)
-        parts = Parts(s, self.store, self.tasks, self.ledger, self.nodes,
-                      self.versions, self.algorithms, self.advantages, self.signals,
-                      self.pacing, self.timeline, self.autoscale, self.overload)
-        self.batches = BatchServer(parts)
-        self.leasing = Leasing(parts, self.batches)
-        self.intake = Intake(parts)
-        self.view = StatusView(parts, self.intake, self.leasing)
+        self.batches = BatchServer(
+            settings=s, store=self.store, ledger=self.ledger, versions=self.versions,
+            algorithms=self.algorithms, advantages=self.advantages, signals=self.signals,
+            pacing=self.pacing, timeline=self.timeline, autoscale=self.autoscale)
+        self.leasing = Leasing(
+            self.batches, settings=s, store=self.store, tasks=self.tasks, ledger=self.ledger,
+            nodes=self.nodes, versions=self.versions, algorithms=self.algorithms,
+            signals=self.signals, pacing=self.pacing, timeline=self.timeline,
+            overload=self.overload)
+        self.intake = Intake(
+            settings=s, store=self.store, tasks=self.tasks, ledger=self.ledger,
+            nodes=self.nodes, versions=self.versions, algorithms=self.algorithms,
+            advantages=self.advantages, signals=self.signals, pacing=self.pacing,
+            timeline=self.timeline, autoscale=self.autoscale)
+        self.view = StatusView(
+            self.intake, self.leasing, settings=s, store=self.store, tasks=self.tasks,
+            ledger=self.ledger, nodes=self.nodes, versions=self.versions, pacing=self.pacing,
+            autoscale=self.autoscale, overload=self.overload)
         self._load()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[Any] | None = None

@@ -10,10 +10,18 @@ import math
 import time
 from typing import Any
 
+from astraflow.dataflow.autoscale import AutoscaleWindow
 from astraflow.dataflow.intake import Intake
 from astraflow.dataflow.leasing import Leasing
-from astraflow.dataflow.parts import Parts
+from astraflow.dataflow.ledger import Ledger
+from astraflow.dataflow.nodes import Nodes
+from astraflow.dataflow.overload import Overload
+from astraflow.dataflow.pacing import Pacing
 from astraflow.dataflow.records import prom_label, share
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.store import Store
+from astraflow.dataflow.tasks import TaskQueue
+from astraflow.dataflow.versions import Versions
 
 #: per-policy trajectory events, as counted (``<event>:<policy>``)
 EVENTS = ("accepted", "filtered", "consumed", "dropped_stale", "dropped_no_trainer",
@@ -22,15 +30,26 @@ TASK_EVENTS = ("issued", "leased", "completed", "reissued", "posted", "skipped")
 
 
 class StatusView:
-    def __init__(self, parts: Parts, intake: Intake, leasing: Leasing) -> None:
-        self._p, self._intake, self._leasing = parts, intake, leasing
+    def __init__(self, intake: Intake, leasing: Leasing, *, settings: DataflowSettings,
+                 store: Store, tasks: TaskQueue, ledger: Ledger, nodes: Nodes, versions: Versions,
+                 pacing: Pacing, autoscale: AutoscaleWindow, overload: Overload) -> None:
+        self._settings = settings
+        self._store = store
+        self._tasks = tasks
+        self._ledger = ledger
+        self._nodes = nodes
+        self._versions = versions
+        self._pacing = pacing
+        self._autoscale = autoscale
+        self._overload = overload
+        self._intake, self._leasing = intake, leasing
         self.started_at = time.time()
 
     def by_pool(self, event: str) -> dict[str, dict[str, int]]:
         """A per-(policy, pool) counter: produced, consumed or dropped_stale samples."""
         prefix = f"{event}_pool:"
-        out: dict[str, dict[str, int]] = {p: {} for p in self._p.versions.policies}
-        for name, n in self._p.store.counters.items():
+        out: dict[str, dict[str, int]] = {p: {} for p in self._versions.policies}
+        for name, n in self._store.counters.items():
             if name.startswith(prefix) and n:
                 policy, pool = json.loads(name[len(prefix):])
                 if policy in out:
@@ -45,16 +64,16 @@ class StatusView:
                           self.by_pool("consumed")[policy], stale)
         return {"generated": got["generated"], "trained_fraction": got["trained_fraction"],
                 "dropped_stale_by_pool": stale,
-                "reward_failed": self._p.store.counters[f"reward_failed:{policy}"],
-                "cancelled": self._p.store.counters[f"cancelled:{policy}"]}
+                "reward_failed": self._store.counters[f"reward_failed:{policy}"],
+                "cancelled": self._store.counters[f"cancelled:{policy}"]}
 
     def _yield(self, policy: str, produced: dict[str, int], consumed: dict[str, int],
                stale: dict[str, int]) -> dict[str, Any]:
         """How much of what the nodes generated for ``policy`` was trained on, in all
         and per rollout pool. What is still buffered or in a batch being trained on is
         left out of the fraction (it may yet be trained on) and reported as pending."""
-        c = self._p.store.counters
-        waiting = self._p.ledger.waiting_per_pool(policy)
+        c = self._store.counters
+        waiting = self._ledger.waiting_per_pool(policy)
         pending = sum(waiting.values())
         generated, trained = c[f"produced:{policy}"], c[f"consumed:{policy}"]
         return {
@@ -73,57 +92,57 @@ class StatusView:
         }
 
     def status(self) -> dict[str, Any]:
-        p, c = self._p, self._p.store.counters
-        store = p.store
+        c = self._store.counters
+        store = self._store
         return {
             "uptime_seconds": round(time.time() - self.started_at, 3),
             # times the data layer did not run for a while (stopped, or its machine
             # stalled): node heartbeats and lease deadlines were extended by as much
             "stalls": c["stalls"],
-            "order": p.settings.order,
+            "order": self._settings.order,
             # load shedding: new leases refused while the event loop cannot keep up
-            "overload": {"shedding": p.overload.shedding,
-                         "lag_ms": round(p.overload.lag * 1e3, 1),
-                         "retry_after": round(p.overload.retry, 2),
-                         "lease_cap": None if math.isinf(p.overload.cap)
-                         else int(p.overload.cap),
-                         "leases_shed": p.overload.shed},
-            "nodes": self._nodes(),
+            "overload": {"shedding": self._overload.shedding,
+                         "lag_ms": round(self._overload.lag * 1e3, 1),
+                         "retry_after": round(self._overload.retry, 2),
+                         "lease_cap": None if math.isinf(self._overload.cap)
+                         else int(self._overload.cap),
+                         "leases_shed": self._overload.shed},
+            "nodes": self._node_rows(),
             "pools": self._pools(),
             "policies": self._policies(),
-            "versions": p.versions.all(),
+            "versions": self._versions.all(),
             "tasks": {
                 **{event: c[f"tasks_{event}"] for event in TASK_EVENTS},
-                "in_flight": p.tasks.in_flight(),
-                "pending": p.tasks.pending(),
+                "in_flight": self._tasks.in_flight(),
+                "pending": self._tasks.pending(),
                 "duplicate_submissions": c["submissions_duplicate"],
-                "epoch": p.tasks.epoch,
+                "epoch": self._tasks.epoch,
             },
-            "trajectories": {name: sum(c[f"{name}:{policy}"] for policy in p.versions.policies)
+            "trajectories": {name: sum(c[f"{name}:{policy}"] for policy in self._versions.policies)
                              for name in EVENTS},
             "store": {"wal_frames_pending": store.wal_frames_pending,
                       "payload_log": store.payloads.stats(),
                       **store.sizes()},
-            "retention": {"seconds": p.settings.retain_seconds,
-                          "tasks_remembered": p.tasks.done_count(),
-                          "batches_remembered": p.ledger.acked_count(),
+            "retention": {"seconds": self._settings.retain_seconds,
+                          "tasks_remembered": self._tasks.done_count(),
+                          "batches_remembered": self._ledger.acked_count(),
                           **{f"{what}_forgotten": c[f"{what}_forgotten"]
                              for what in ("tasks", "batches", "nodes")}},
-            "source": p.tasks.source.stats() if p.tasks.source is not None else {},
+            "source": self._tasks.source.stats() if self._tasks.source is not None else {},
         }
 
-    def _nodes(self) -> list[dict[str, Any]]:
-        leased = self._p.tasks.leased_per_node()
+    def _node_rows(self) -> list[dict[str, Any]]:
+        leased = self._tasks.leased_per_node()
         return [
             {**summary, **({"in_flight": leased[summary["node_id"]],
-                            "turnaround_seconds": self._p.pacing.turnaround(summary["node_id"])}
+                            "turnaround_seconds": self._pacing.turnaround(summary["node_id"])}
                            if summary["kind"] == "raas" else {})}
-            for summary in self._p.nodes.summary()
+            for summary in self._nodes.summary()
         ]
 
     def _pools(self) -> dict[str, dict[str, Any]]:
         pools: dict[str, dict[str, Any]] = {}
-        for n in self._p.nodes.rollout_nodes():
+        for n in self._nodes.rollout_nodes():
             pool = pools.setdefault(n.labels.get("pool", "default"),
                                     {"nodes": 0, "capacity": 0, "regions": []})
             pool["nodes"] += 1
@@ -133,18 +152,18 @@ class StatusView:
         return pools
 
     def _policies(self) -> dict[str, dict[str, Any]]:
-        p, c = self._p, self._p.store.counters
+        c = self._store.counters
         stale = self.by_pool("dropped_stale")
         produced, consumed = self.by_pool("produced"), self.by_pool("consumed")
         return {
             policy: {
-                "version": p.versions[policy],
-                "max_staleness": p.versions.max_staleness(policy),
-                "max_staleness_why": p.versions.staleness_reason(policy),
-                "buffered": p.ledger.buffered(policy),
-                "replayable": p.ledger.replayable(policy),
-                "outstanding_batches": len(p.ledger.held(policy)),
-                "trainer_gone": p.nodes.orphaned(policy),
+                "version": self._versions[policy],
+                "max_staleness": self._versions.max_staleness(policy),
+                "max_staleness_why": self._versions.staleness_reason(policy),
+                "buffered": self._ledger.buffered(policy),
+                "replayable": self._ledger.replayable(policy),
+                "outstanding_batches": len(self._ledger.held(policy)),
+                "trainer_gone": self._nodes.orphaned(policy),
                 "dropped_stale_by_pool": stale[policy],
                 **{name: c[f"{name}:{policy}"]
                    for name in (*EVENTS, "produced", "reward_failed", "cancelled")},
@@ -153,11 +172,11 @@ class StatusView:
                 "admission_refusals": dict(self._leasing.refusals[policy]),
                 **self._yield(policy, produced[policy], consumed[policy], stale[policy]),
             }
-            for policy in p.versions.policies
+            for policy in self._versions.policies
         }
 
     def autoscale_report(self) -> dict[str, Any]:
-        return self._p.autoscale.report(self._p.nodes.pool_sizes())
+        return self._autoscale.report(self._nodes.pool_sizes())
 
     def metrics(self) -> str:
         """Prometheus text exposition of the counters and gauges in ``status``."""
