@@ -20,11 +20,11 @@ def load_config(path: str) -> DictConfig:
     return cast(DictConfig, OmegaConf.load(path))  # a run config is a map
 
 
-def policy_names(cfg: DictConfig) -> list[str]:
+def policy_names(cfg: Any) -> list[str]:
     return list(cfg.policies)
 
 
-def build_workflow(cfg: DictConfig, tokenizer: Any):
+def build_workflow(cfg: Any, tokenizer: Any):
     """The workflow and its reward, built through the registry."""
     registry = get_registry()
     reward = registry.get("reward", cfg.reward.name).create(cfg.reward)
@@ -32,7 +32,7 @@ def build_workflow(cfg: DictConfig, tokenizer: Any):
     return workflow
 
 
-def role_map(cfg: DictConfig, roles: tuple[str, ...]) -> dict[str, str]:
+def role_map(cfg: Any, roles: tuple[str, ...]) -> dict[str, str]:
     """Workflow role -> policy name: by name, or the single policy for a single role."""
     names = policy_names(cfg)
     if all(role in names for role in roles):

@@ -18,33 +18,58 @@ for it, and one started anyway (``astraflow eval``) ends at once, without an eng
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import Any
 
 from astraflow.components import build_workflow, role_map
 from astraflow.lifecycle import mark_ready
 from astraflow.plugins import get_registry
 from astraflow.raas.engines import EnginePolicy, sampling_defaults, start_engines
+from astraflow.raas.settings import NodeSettings, settings_from_config
 from astraflow.rewards.base import reward_metric_means
+from astraflow.schema import AstraFlowConfig, like
 from astraflow.weights._fs import build_dir
 from astraflow.weights.client import Synced
 
 log = logging.getLogger("astraflow.eval")
 
+_RUN = {f.name: f for f in dataclasses.fields(AstraFlowConfig)}
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What an evaluator reads of a run: a node's settings (it runs the workflow on
+    engines of its own) and when and how much to score."""
+
+    node: NodeSettings
+    eval_every: int = like(_RUN["eval_every"])
+    eval_samples: int = like(_RUN["eval_samples"])
+    eval_deferred: bool = like(_RUN["eval_deferred"])
+
+
+def eval_settings(cfg: Any) -> EvalSettings:
+    """Reduce a composed run config to an evaluator's settings."""
+    return EvalSettings(settings_from_config(cfg), eval_every=int(cfg.eval_every),
+                        eval_samples=int(cfg.eval_samples),
+                        eval_deferred=bool(cfg.get("eval_deferred", False)))
+
 
 class Evaluator:
-    def __init__(self, cfg: DictConfig, url: str, token: str, policy: str, work_dir: str,
+    def __init__(self, cfg: Any, url: str, token: str, policy: str, work_dir: str,
                  metrics_path: str) -> None:
+        """``cfg``: the evaluator's settings, or the run config they are read from."""
         from astraflow.dataflow.client import DataflowClient
         from astraflow.weights.client import WeightClient
 
-        self.cfg, self.policy = cfg, policy
+        self.settings = cfg if isinstance(cfg, EvalSettings) else eval_settings(cfg)
+        self.policy = policy
         self.weights = WeightClient(url, token, os.path.join(work_dir, "eval-weights", policy),
                                     local_reads=True)
         self.client = DataflowClient(url, token)
@@ -59,7 +84,8 @@ class Evaluator:
         base = workflow.config
         out = {}
         for key, temperature, samples in (
-            ("eval_accuracy", sampling_defaults(base)["temperature"], self.cfg.eval_samples),
+            ("eval_accuracy", sampling_defaults(base)["temperature"],
+             self.settings.eval_samples),
             ("eval_greedy_accuracy", 0.0, 1),
         ):
             workflow.config = OmegaConf.merge(base, {"temperature": temperature})
@@ -94,17 +120,17 @@ class Evaluator:
         (once the policy's trainer is done)."""
         from astraflow.text import load_tokenizer
 
-        cfg = self.cfg
-        tokenizer = load_tokenizer(cfg.model.path).configure(cfg.task)
-        workflow = build_workflow(cfg, tokenizer)
-        roles = role_map(cfg, workflow.roles)
-        tasks = get_registry().get("task", cfg.task.name).create(cfg.task).eval_tasks()
+        s, node = self.settings, self.settings.node
+        tokenizer = load_tokenizer(node.model_path).configure(node.task)
+        workflow = build_workflow(node, tokenizer)
+        roles = role_map(node, workflow.roles)
+        tasks = get_registry().get("task", node.task.name).create(node.task).eval_tasks()
         # one engine per policy (or one serving each as an adapter): the other policies
         # play their part at their newest version
         engines: list = []
         backends: dict = {}
         policies = list(dict.fromkeys(roles.values()))
-        deferred = bool(cfg.get("eval_deferred", False))
+        deferred = s.eval_deferred
         #: deferred: the versions kept until training ends, each with the weights of
         #: every policy its workflow runs
         kept: list[tuple[int, dict[str, Synced]]] = []
@@ -134,7 +160,7 @@ class Evaluator:
             if not tasks:  # no held-out split (the launcher starts no evaluator then): no
                 # engine, a copy of the model, is held for nothing to score
                 log.info("task=%s has no held-out tasks: nothing to evaluate for %s",
-                         cfg.task.name, self.policy)
+                         node.task.name, self.policy)
                 mark_ready()
                 return
             last = 0
@@ -144,14 +170,14 @@ class Evaluator:
                     await asyncio.sleep(0.2)
                 await take(0)
             else:  # the engines hold the start weights
-                backends.update(await start_engines(cfg, policies, engines, train=False))
+                backends.update(await start_engines(node, policies, engines, train=False))
                 self._log(0, await self.evaluate(backends, workflow, roles, tasks))
             mark_ready()
             while True:
                 latest = await asyncio.to_thread(self.weights.latest, self.policy)
                 # eval_every=0: version 0 and the final one alone
-                due = (latest is not None and cfg.eval_every > 0
-                       and latest - last >= cfg.eval_every)
+                due = (latest is not None and s.eval_every > 0
+                       and latest - last >= s.eval_every)
                 # the status is asked for only when no evaluation is due anyway
                 done = not due and await asyncio.to_thread(self.trainer_done)
                 if done:  # read again: the trainer published its last version before it
@@ -163,7 +189,7 @@ class Evaluator:
                     if kept:
                         log.info("training is done: scoring %d kept versions of %s",
                                  len(kept), self.policy)
-                        backends.update(await start_engines(cfg, policies, engines, train=False))
+                        backends.update(await start_engines(node, policies, engines, train=False))
                     for i, (version, weights) in enumerate(kept):
                         await score(version, weights)
                         later = {s.path for _, w in kept[i + 1:] for s in w.values()}

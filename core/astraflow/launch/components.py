@@ -59,6 +59,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
 def cmd_raas(argv: list[str]) -> int:
     """Run a RaaS node: lease tasks, run workflows, push trajectories, pull weights."""
     from astraflow.raas.node import NodeOptions, RaaSNode
+    from astraflow.raas.settings import settings_from_config
 
     parser = argparse.ArgumentParser(prog="astraflow raas", description=cmd_raas.__doc__)
     _common(parser)
@@ -75,13 +76,13 @@ def cmd_raas(argv: list[str]) -> int:
     if not 0 < args.throttle <= 1:
         parser.error(f"--throttle {args.throttle}: expected a fraction in (0, 1]")
     _logging()
-    cfg = load_config(args.config)
+    settings = settings_from_config(load_config(args.config))
     options = NodeOptions(pool=args.pool, region=args.region, concurrency=args.concurrency,
                           sync_tasks=args.sync_tasks, throttle=args.throttle)
 
     async def main() -> None:
         stop = _stop_on_signals(asyncio.get_running_loop())
-        node = RaaSNode(cfg, args.connect, _token(), args.work_dir, options, args.name)
+        node = RaaSNode(settings, args.connect, _token(), args.work_dir, options, args.name)
         await node.run(stop)
 
     asyncio.run(main())
@@ -132,7 +133,7 @@ def _torchrun(world_size: int, argv: list[str]) -> None:
 @command("eval")
 def cmd_eval(argv: list[str]) -> int:
     """Follow one policy's weight stream and score the held-out split."""
-    from astraflow.evaluate import Evaluator
+    from astraflow.evaluate import Evaluator, eval_settings
 
     parser = argparse.ArgumentParser(prog="astraflow eval", description=cmd_eval.__doc__)
     _common(parser)
@@ -144,6 +145,7 @@ def cmd_eval(argv: list[str]) -> int:
     # held-out evaluation is off the critical path: where it shares CPUs with a trainer
     # or an engine, it takes what they leave
     os.nice(max(0, int(cfg.get("eval_niceness", 0))))
-    evaluator = Evaluator(cfg, args.connect, _token(), args.policy, args.work_dir, args.metrics)
+    evaluator = Evaluator(eval_settings(cfg), args.connect, _token(), args.policy, args.work_dir,
+                          args.metrics)
     asyncio.run(evaluator.run())
     return 0

@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from astraflow.contracts import RolloutBackend
 from astraflow.plugins import get_registry
-from astraflow.rl.options import lora_rank
+from astraflow.raas.settings import NodeSettings
 from astraflow.types import Generation, GenerationRequest
 from astraflow.weights.base import BaseMismatchError
 
@@ -81,29 +79,30 @@ class ServedPolicy:
             await self.backend.resume()
 
 
-async def start_engines(cfg: DictConfig, policies: list[str], engines: list[RolloutBackend],
-                        train: bool = True) -> dict[str, ServedPolicy]:
+async def start_engines(settings: NodeSettings, policies: list[str],
+                        engines: list[RolloutBackend], train: bool = True
+                        ) -> dict[str, ServedPolicy]:
     """Start the engines that serve ``policies`` (appended to ``engines`` as they start,
     so a failure can shut down what started): one per policy, or in a LoRA run one for
-    all, each policy an adapter of ``model.path``. ``train``: what they generate is
+    all, each policy an adapter of ``model_path``. ``train``: what they generate is
     trained on (an evaluator's is not: it records no routing for router replay)."""
-    entry = get_registry().get("rollout_backend", cfg.raas.name)
-    rank = lora_rank(cfg.trainer)
+    entry = get_registry().get("rollout_backend", settings.raas.name)
+    rank, model_path = settings.lora_rank, settings.model_path
     # the trainer replays the engine's routing: every generation carries it
-    replay = train and bool(cfg.trainer.get("router_replay", False))
+    replay = train and settings.router_replay
     if rank:
-        engine = entry.create(cfg.raas, cfg.model.path)
+        engine = entry.create(settings.raas, model_path)
         if replay:
             engine.record_routing()
         engine.configure_adapters(rank, policies)
         engines.append(engine)
         await engine.start()
         log.info("serving %s as rank-%d LoRA adapters of one %s engine over %s",
-                 ", ".join(policies), rank, cfg.raas.name, cfg.model.path)
+                 ", ".join(policies), rank, settings.raas.name, model_path)
         return {p: ServedPolicy(p, engine, adapter=True) for p in policies}
     served = {}
     for policy in policies:
-        engine = entry.create(cfg.raas, cfg.model.path)
+        engine = entry.create(settings.raas, model_path)
         if replay:
             engine.record_routing()
         engines.append(engine)

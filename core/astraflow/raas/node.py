@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from astraflow.components import build_workflow, policy_names, role_map
+from astraflow.components import build_workflow, role_map
 from astraflow.contracts import RolloutBackend
 from astraflow.lifecycle import launcher_gone, mark_ready
 from astraflow.raas.engines import EnginePolicy, ServedPolicy, sampling_defaults, start_engines
+from astraflow.raas.settings import NodeSettings, settings_from_config
 from astraflow.raas.submitter import Submitter
 from astraflow.weights.base import BaseMismatchError
 from astraflow.workflows.builder import with_defaults
@@ -98,12 +97,14 @@ class NodeOptions:
 
 
 class RaaSNode:
-    def __init__(self, cfg: DictConfig, url: str, token: str, work_dir: str,
+    def __init__(self, cfg: Any, url: str, token: str, work_dir: str,
                  options: NodeOptions | None = None, node_name: str | None = None) -> None:
+        """``cfg``: the node's settings, or the run config they are read from."""
         from astraflow.dataflow.client import AsyncDataflowClient
         from astraflow.weights.client import WeightClient
 
-        self.cfg = cfg
+        self.settings = (cfg if isinstance(cfg, NodeSettings)
+                         else settings_from_config(cfg))
         self.options = options or NodeOptions()
         self.name = node_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.client = AsyncDataflowClient(url, token)
@@ -143,15 +144,15 @@ class RaaSNode:
     async def start(self) -> None:
         from astraflow.text import load_tokenizer
 
-        model_path = self.cfg.model.path
-        self.tokenizer = load_tokenizer(model_path).configure(self.cfg.task)
-        self.workflow = build_workflow(self.cfg, self.tokenizer)
-        self.groups = Overprovision(with_defaults(self.cfg.workflow.get("group") or {},
+        s = self.settings
+        self.tokenizer = load_tokenizer(s.model_path).configure(s.task)
+        self.workflow = build_workflow(s, self.tokenizer)
+        self.groups = Overprovision(with_defaults(s.workflow.get("group") or {},
                                                   GroupConfig))
-        self.roles = role_map(self.cfg, self.workflow.roles)
-        self.backends = await start_engines(self.cfg, policy_names(self.cfg), self.engines)
+        self.roles = role_map(s, self.workflow.roles)
+        self.backends = await start_engines(s, s.policies, self.engines)
         # made once (read from the config for every task, they cost it tens of us)
-        defaults = sampling_defaults(self.cfg.workflow)
+        defaults = sampling_defaults(s.workflow)
         self._handles = {role: EnginePolicy(policy, self.backends[policy], defaults)
                          for role, policy in self.roles.items()}
         # a node that joins late catches up before it serves
@@ -162,7 +163,7 @@ class RaaSNode:
     async def _register(self) -> None:
         self.node_id = await self.client.register(
             "raas", pool=self.options.pool, region=self.options.region,
-            policies=policy_names(self.cfg), capacity=self.options.concurrency,
+            policies=self.settings.policies, capacity=self.options.concurrency,
             node_id=f"raas-{self.name}",
         )
         log.info("node %s registered as %s", self.name, self.node_id)
@@ -184,7 +185,7 @@ class RaaSNode:
                 started = time.time()
                 try:
                     await backend.load(path, version,
-                                       partial=bool(self.cfg.get("partial_rollouts")))
+                                       partial=self.settings.partial_rollouts)
                 except BaseMismatchError:
                     raise
                 except (ValueError, KeyError, RuntimeError) as exc:

@@ -9,7 +9,7 @@ from astraflow.raas.node import RaaSNode
 
 
 def test_nodes_sharing_a_work_dir_sync_weights_into_their_own_directories(tmp_path):
-    cfg = compose_config([])
+    cfg = compose_config([f"model.path={tmp_path / 'model'}"])  # never loaded here
     dirs = []
     for name in ("node-0", "node-1", "node-0"):
         node = RaaSNode(cfg, "http://127.0.0.1:9", "token", str(tmp_path), node_name=name)
