@@ -23,7 +23,7 @@ def test_a_node_s_settings_are_the_run_s(tmp_path):
 
 
 def test_a_node_without_a_model_is_refused_by_name():
-    with pytest.raises(ConfigError, match="model.path"):
+    with pytest.raises(ConfigError, match=r"model\.path"):
         settings_from_config(compose_config([]))
 
 
