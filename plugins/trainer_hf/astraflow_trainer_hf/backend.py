@@ -21,9 +21,7 @@ import dataclasses
 import inspect
 import json
 import logging
-import re
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoModelForCausalLM
 
-from astraflow.lora import adapter_key, check_targets, matches
+from astraflow.lora import adapter_key, check_targets
 from astraflow.models import hf_layout
 from astraflow.models.router_replay import Replay, routers
 from astraflow.rl import shared_prefix as share
@@ -48,6 +46,14 @@ from astraflow.rl.policy_gradient import MicroBatch, PolicyGradientBackend
 from astraflow.rl.shared_prefix import SharedPrefix
 from astraflow.text import copy_tokenizer_files
 from astraflow_trainer_hf import check_config
+from astraflow_trainer_hf.checkpoint_io import save_streaming, single_process_quiet
+from astraflow_trainer_hf.lora import (
+    WithoutAdapter,
+    expert_wrappers,
+    jsonable,
+    merge_lora,
+    peft_targets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +110,7 @@ class HFTrainerBackend(PolicyGradientBackend):
         self.model = self._prepare(model)
         self.reference = None
         if config.kl_coef and self.lora:  # the base is the adapter switched off: no copy
-            self.reference = _WithoutAdapter(self.model)
+            self.reference = WithoutAdapter(self.model)
         elif config.kl_coef:
             self.reference = self._prepare(_load_model(model_path, self.dtype, self.device)
                                            .eval().requires_grad_(False))
@@ -149,7 +155,7 @@ class HFTrainerBackend(PolicyGradientBackend):
         lora = self.config.lora
         targets = lora_targets(lora)
         check_targets(targets, self.model_path)
-        modules, parameters = _lora_targets(model, targets)
+        modules, parameters = peft_targets(model, targets)
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=modules, target_parameters=parameters or None,
                             task_type="CAUSAL_LM", bias="none")
@@ -164,7 +170,7 @@ class HFTrainerBackend(PolicyGradientBackend):
         if not self.lora:
             return None
         config = self.model.peft_config["default"]
-        return json.loads(json.dumps(config.to_dict(), default=_jsonable))
+        return json.loads(json.dumps(config.to_dict(), default=jsonable))
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Activation checkpointing, then FSDP2 over the ranks when there are several."""
@@ -319,8 +325,8 @@ class HFTrainerBackend(PolicyGradientBackend):
                                                   options=self._state_options())
         model_state = {k: v for k, v in model_state.items() if k not in self.tied}
         state = {"model": model_state, "optim": optim_state["state"]}
-        if self.sharded or not _save_streaming(state, out):
-            with _single_process_quiet():
+        if self.sharded or not save_streaming(state, out):
+            with single_process_quiet():
                 dcp.save(state, storage_writer=dcp.HuggingFaceStorageWriter(
                     str(out), save_distributed=True), no_dist=not self.sharded)
         if self.sharded and dist.get_rank() != 0:
@@ -351,7 +357,7 @@ class HFTrainerBackend(PolicyGradientBackend):
                                                   options=self._state_options())
         loaded = {"model": {k: v for k, v in model_state.items() if k not in self.tied},
                   "optim": optim_state["state"]}
-        with _single_process_quiet():
+        with single_process_quiet():
             dcp.load(loaded, storage_reader=dcp.HuggingFaceStorageReader(str(src)),
                      no_dist=not self.sharded)
         for name, source in self.tied.items():
@@ -430,145 +436,6 @@ def _kept_logits(model: Any, kept: torch.Tensor, whole: bool = False, **inputs: 
         out = model(**inputs)
         out.logits = out.logits[:, kept]
     return out if whole else out.logits
-
-
-def _lora_targets(model: torch.nn.Module,
-                  targets: list[str] | str) -> tuple[list[str] | str, list[str]]:
-    """``trainer.lora.target_modules`` as ``peft`` takes them: the names of linear
-    layers, and the fused expert tensors (``experts.gate_up_proj``) that hold the expert
-    projections named, as ``target_parameters``.
-
-    A checkpoint stores one matrix per expert and projection; transformers may hold a
-    layer's experts as one 3-D tensor per projection, or two projections in one
-    (``gate_up_proj``): those two are adapted together or not at all.
-    """
-    if isinstance(targets, str):  # all-linear: linear layers alone, as peft takes it
-        return targets, []
-    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    modules = [t for t in targets if any(matches(n, t) for n in linear)]
-    parameters: list[str] = []
-    seen: set[str] = set()
-    for name, tensor in model.named_parameters():
-        owner, _, short = name.rpartition(".")
-        if tensor.dim() != 3 or not owner.endswith("experts") or short in seen:
-            continue
-        seen.add(short)
-        held = {key.rsplit(".", 2)[-2]
-                for key in hf_layout.to_checkpoint(model, {name: tensor.detach()})}
-        named = held & set(targets)
-        if named and named != held:
-            raise ValueError(f"trainer.lora.target_modules: {sorted(named)} without "
-                             f"{sorted(held - named)}: the model holds them as one tensor "
-                             f"({owner.rpartition('.')[2]}.{short}); adapt all or none")
-        if named:
-            parameters.append(f"experts.{short}")
-    return modules, parameters
-
-
-def merge_lora(state: dict[str, torch.Tensor], scaling: float,
-               experts: dict[str, tuple[str, int, bool]] | None = None,
-               ) -> dict[str, torch.Tensor]:
-    """A ``peft`` LoRA model's full state dict as the plain model's: every adapted
-    weight ``W + scaling * B @ A``, under the base model's own names.
-
-    ``experts``: the adapted fused expert tensors (``peft``'s ``target_parameters``), as
-    :func:`expert_wrappers` gives them: per expert ``e``, ``W[e] + scaling * B_e @ A_e``.
-    """
-    experts = experts or {}
-    merged: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if ".lora_" in name:
-            continue
-        out = _BASE_LAYER.sub("", name.removeprefix("base_model.model."))
-        if name in experts:
-            wrapper, count, swapped = experts[name]
-            a = state[f"{wrapper}.lora_A.default.weight"].to(tensor.dtype)
-            b = state[f"{wrapper}.lora_B.default.weight"].to(tensor.dtype)
-            a = a.reshape(count, -1, a.shape[-1])  # experts x rank x in
-            b = b.reshape(b.shape[0], -1, count)  # out x rank x experts
-            delta = torch.einsum("ore,eri->eoi" if swapped else "ore,eri->eio", b, a)
-            tensor = tensor + scaling * delta
-        elif ".base_layer." in name and name.endswith(".weight"):
-            prefix = name.split(".base_layer.")[0]
-            [a] = [v for k, v in state.items() if k.startswith(prefix + ".lora_A.")]
-            [b] = [v for k, v in state.items() if k.startswith(prefix + ".lora_B.")]
-            tensor = tensor + scaling * (b.to(tensor.dtype) @ a.to(tensor.dtype))
-        merged[out] = tensor.detach().clone()
-    return merged
-
-
-#: the wrappers ``peft`` puts between a module and its weights
-_BASE_LAYER = re.compile(r"\.base_layer(?=\.)")
-
-
-def expert_wrappers(model: torch.nn.Module) -> dict[str, tuple[str, int, bool]]:
-    """Each fused expert tensor a LoRA adapts (``target_parameters``), by its state-dict
-    name: the name of the ``peft`` wrapper holding its ``lora_A``/``lora_B``, the number
-    of experts, and whether the tensor is ``experts x out x in``."""
-    from peft.tuners.lora.layer import ParamWrapper
-
-    found: dict[str, tuple[str, int, bool]] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, ParamWrapper):
-            continue
-        inner, owner = name, module
-        while isinstance(owner, ParamWrapper):  # wrappers of other tensors nest
-            inner, owner = f"{inner}.base_layer", owner.base_layer
-        found[f"{inner}.{module.parameter_name}"] = (
-            name, int(module.num_experts), bool(module._did_swap_in_out_features))
-    return found
-
-
-class _WithoutAdapter:
-    """The KL reference of a LoRA trainer: the same model with its adapters switched off."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def get_base_model(self) -> Any:
-        return self.model.get_base_model()
-
-    def __call__(self, **kwargs: Any) -> Any:
-        with self.model.disable_adapter():
-            return self.model(**kwargs)
-
-
-def _jsonable(value: Any) -> Any:
-    return sorted(value) if isinstance(value, set | frozenset) else str(value)
-
-
-#: the one file a single process's checkpoint is, named as ``dcp.save`` names it
-CHECKPOINT_FILE = "shard-00001-model-00001-of-00001.safetensors"
-
-
-def _save_streaming(state: dict[str, Any], out: Path) -> bool:
-    """Write one process's checkpoint as ``dcp.save`` would (one safetensors file that
-    ``dcp.HuggingFaceStorageReader`` reads back at any world size), but from the tensors
-    themselves: ``dcp.save`` serialises the whole file in memory first, twice over (at
-    0.5B parameters with fp32 AdamW, 12 GB on top of the 8 GB trained). False, having
-    written nothing, when the state holds what a plain safetensors file cannot (a
-    non-tensor value, a strided view): ``dcp.save`` then writes it."""
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-
-    flat, _ = flatten_state_dict(state)
-    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() and t.device.type == "cpu"
-               for t in flat.values()):
-        return False
-    tensors = {name: t.detach() for name, t in flat.items()}
-    sharding = {name: {"saved_offsets": [0] * t.dim()} for name, t in tensors.items()}
-    save_file(tensors, str(out / CHECKPOINT_FILE),
-              metadata={"DCP_SHARDING_INFO": json.dumps(sharding), "DCP_VERSION": "1.0",
-                        "format": "pt"})
-    return True
-
-
-@contextlib.contextmanager
-def _single_process_quiet() -> Iterator[None]:
-    """``torch.distributed.checkpoint`` warns that a single process saves alone: it should."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*assuming the intent is to (save|load)")
-        yield
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
