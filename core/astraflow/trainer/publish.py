@@ -8,12 +8,12 @@ holds two snapshots at most (the one publishing, the one just taken).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from astraflow.trainer import in_thread
 from astraflow.trainer.ranks import Leader
 from astraflow.weights.publisher import WeightPublisher
 
@@ -53,17 +53,7 @@ class StepPublisher:
             finish()
             return
         assert self.pending is None or self.pending.done()
-        future: Future[None] = Future()
-        self.pending = future
-
-        def run() -> None:
-            try:
-                finish()
-                future.set_result(None)
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        threading.Thread(target=run, daemon=True, name="publish-behind").start()
+        self.pending = in_thread(finish, "publish-behind")
 
     def wait(self) -> None:
         """Until the step publishing behind is done; raises its error."""

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from astraflow.dataflow.client import DataflowClient
+from astraflow.trainer import in_thread
 from astraflow.types import Batch
 
 log = logging.getLogger("astraflow.trainer")
@@ -62,19 +63,14 @@ class BatchSource:
         if self._ahead is None:
             return
         client = self._ahead
-        future: Future[Batch | None] = Future()
-        self._next = future
 
-        def run() -> None:
-            try:
-                if acknowledged is not None:
-                    with contextlib.suppress(BaseException):  # the trainer raises it
-                        acknowledged.result()
-                future.set_result(self._fetch(client, after))
-            except BaseException as exc:  # raised again in the trainer's thread
-                future.set_exception(exc)
+        def fetch() -> Batch | None:
+            if acknowledged is not None:
+                with contextlib.suppress(BaseException):  # the trainer raises it
+                    acknowledged.result()
+            return self._fetch(client, after)
 
-        threading.Thread(target=run, daemon=True, name="fetch-ahead").start()
+        self._next = in_thread(fetch, "fetch-ahead")
 
     def ack(self, batch: Batch, *, wait_seconds: float, step_seconds: float,
             steps_left: int, metrics: dict[str, float]) -> dict[str, Any]:
