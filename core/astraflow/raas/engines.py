@@ -127,7 +127,7 @@ class EnginePolicy:
     def __init__(self, name: str, backend: ServedPolicy, defaults: dict[str, Any]) -> None:
         self.name = name
         self.backend = backend
-        self.defaults = {**sampling_defaults({}), **defaults}
+        self.defaults = sampling_defaults(defaults)  # what it lacks: the base's
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1,
                        max_new_tokens: int | None = None, temperature: float | None = None,
