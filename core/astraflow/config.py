@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from astraflow.errors import ConfigError, UnknownOptionError
 from astraflow.launcher_options import LAUNCHERS
@@ -303,6 +303,9 @@ def unknown_key_message(cfg: DictConfig, key: str, overrides: Sequence[str] = ()
         near = difflib.get_close_matches(leaf, names, n=3)
         return f"{key} is not a setting" + (f"; did you mean {', '.join(near)}?" if near else "")
     near = difflib.get_close_matches(leaf, names, n=1)
+    if not near:  # a run-wide setting put in a section (trainer.checkpoint_interval)
+        top = [str(k) for k in cfg if not isinstance(cfg.get(k), DictConfig | ListConfig)]
+        near = [f"{n}, a top-level setting" for n in difflib.get_close_matches(leaf, top, n=1)]
     return (f"{shown} is not a setting; {section} has: {', '.join(names)}"
             + (f" (did you mean {near[0]}?)" if near else ""))
 

@@ -143,6 +143,13 @@ def test_a_mistyped_setting_in_a_section_names_the_nearest(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_wide_setting_put_in_a_section_is_pointed_to_the_top_level(tmp_path):
+    proc = launch(tmp_path, "trainer.checkpoint_intervall=5")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[0]
+    assert line.endswith("(did you mean checkpoint_interval, a top-level setting?)"), line
+
+
 @pytest.mark.parametrize(("override", "said"), [
     # a section set whole, with a mistyped key inside it
     ("launcher.trainer={num_gpu: 1}",
