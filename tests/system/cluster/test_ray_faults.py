@@ -10,7 +10,7 @@ import signal
 
 import launched_runs as runs
 
-STEPS = 20
+STEPS = 40
 #: about two steps a second from the two nodes: the kills land mid-run
 PACE = ("raas.generation_seconds=0.5", "node_concurrency=1")
 
